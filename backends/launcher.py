@@ -1,0 +1,177 @@
+"""Managed workers: spawn engine processes, wait until ready, stop them.
+
+No orphans: each worker gets PR_SET_PDEATHSIG, so it is signalled even when
+the router is SIGKILLed, and runs in its own process group, so stopping it
+also stops the helper processes an engine forks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from backends.client import WorkerClient, WorkerUnavailable
+from backends.engines import ENGINES, launch_command
+
+log = logging.getLogger("router.launcher")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(Exception):
+    """A managed worker did not become ready; the message says which and why."""
+
+
+@dataclass(slots=True)
+class WorkerSpec:
+    engine: str
+    model: str
+    command: list[str]  # a template; empty: the engine's default
+    extra_args: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+
+@dataclass(eq=False)
+class ManagedWorker:
+    spec: WorkerSpec
+    port: int
+    label: str
+    process: asyncio.subprocess.Process | None = None
+    _log_file: object | None = None
+    _watch: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    async def spawn(self, on_exit: Callable[[ManagedWorker, int], None]) -> None:
+        argv = launch_command(self.spec.engine, self.spec.command, host=self.spec.host, port=self.port,
+                              model=self.spec.model, extra=self.spec.extra_args)
+        out = None
+        if self.spec.log_path is not None:
+            self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = out = open(self.spec.log_path, "ab")
+        self.process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out if out is not None else asyncio.subprocess.DEVNULL,
+            stderr=out if out is not None else None,
+            env={**os.environ, **self.spec.env},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.info("%s: starting on %s (pid %d): %s", self.label, self.url, self.process.pid, " ".join(argv))
+        self._watch = asyncio.create_task(self._wait(on_exit))
+
+    async def _wait(self, on_exit: Callable[[ManagedWorker, int], None]) -> None:
+        assert self.process is not None
+        code = await self.process.wait()
+        if not self.stopping:
+            log.error("%s: exited with code %s", self.label, code)
+            on_exit(self, code)
+
+    async def wait_ready(self, client: WorkerClient, timeout_s: float) -> None:
+        """Ready = health answers 200 AND the served model is listed."""
+        engine = ENGINES[self.spec.engine]
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.returncode is not None:
+                raise LaunchError(f"{self.label}: exited with code {self.process.returncode} while starting{self._log_hint()}")
+            try:
+                status, _ = await client.get(self.url + engine.health_path)
+                if status == 200:
+                    status, body = await client.get(self.url + engine.models_path)
+                    if status == 200 and self.spec.model in _model_ids(body):
+                        log.info("%s: ready after %.1f s", self.label, time.monotonic() - started)
+                        return
+            except WorkerUnavailable:
+                pass
+            await asyncio.sleep(0.1)
+        raise LaunchError(f"{self.label}: not ready after {timeout_s:.0f} s{self._log_hint()}")
+
+    async def stop(self, timeout_s: float) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
+        self.stopping = True
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("%s: no exit %.0f s after SIGTERM, killing", self.label, timeout_s)
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._log_file is not None:
+            self._log_file.close()  # type: ignore[attr-defined]
+
+    def _log_hint(self) -> str:
+        return f" (log: {self.spec.log_path})" if self.spec.log_path else ""
+
+
+async def start_workers(
+    specs: list[WorkerSpec], ports: list[int], client: WorkerClient, *, label: str, timeout_s: float,
+    on_exit: Callable[[ManagedWorker, int], None],
+) -> list[ManagedWorker]:
+    """Spawn every worker and wait until all are ready; on failure, stop them all."""
+    workers = [ManagedWorker(spec, port, f"{label} worker {i + 1}/{len(specs)}") for i, (spec, port) in enumerate(zip(specs, ports))]
+    try:
+        for worker in workers:
+            await worker.spawn(on_exit)
+        await asyncio.gather(*(w.wait_ready(client, timeout_s) for w in workers))
+    except BaseException:
+        await asyncio.gather(*(w.stop(2.0) for w in workers), return_exceptions=True)
+        raise
+    return workers
+
+
+def free_ports(first: int, last: int, count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` ports of [first, last] that nothing listens on now."""
+    ports: list[int] = []
+    for port in range(first, last + 1):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise LaunchError(f"only {len(ports)} free ports in {first}-{last}, {count} needed")
+
+
+def _model_ids(body: bytes) -> list[str]:
+    try:
+        return [m.get("id") for m in orjson.loads(body).get("data", [])]
+    except (orjson.JSONDecodeError, AttributeError):
+        return []
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: signal it when the router dies, however it dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: shutdown still stops workers, only SIGKILL of the router can orphan them

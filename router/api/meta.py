@@ -1,0 +1,34 @@
+"""``GET /v1/models`` and ``GET /health``."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from backends.pools import Pool
+from router.api.auth import Authenticator
+from router.api.http import json_response
+
+
+class MetaAPI:
+    def __init__(self, *, models: dict[str, Pool], pools: list[Pool], auth: Authenticator) -> None:
+        self.models = models
+        self.pools = pools
+        self.auth = auth
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/models", self.list_models, methods=["GET"]), Route("/health", self.health, methods=["GET"])]
+
+    async def list_models(self, request: Request) -> Response:
+        self.auth.owner(request)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "responses-router"} for name in self.models]
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        """200 while every pool can serve; 503 when some pool has no healthy worker."""
+        pools = [pool.describe() for pool in self.pools]
+        serving = all(p["healthy_workers"] > 0 for p in pools)
+        degraded = any(p["status"] != "ok" for p in pools)
+        status = "down" if not serving else ("degraded" if degraded else "ok")
+        return json_response({"status": status, "pools": pools}, 200 if serving else 503)

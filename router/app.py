@@ -1,0 +1,115 @@
+"""Start-up: config -> store, pools, managed workers -> the ASGI app.
+
+Start-up and shut-down run outside the ASGI lifespan so that a failure
+(a worker that will not start, an unreadable store) ends the process with
+one readable line instead of a server traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from backends.launcher import ManagedWorker, WorkerSpec, free_ports, start_workers
+from backends.pools import Pool, Worker
+from policies.balance import make_balancer
+from router.api.auth import Authenticator
+from router.api.errors import HANDLERS
+from router.api.meta import MetaAPI
+from router.api.responses import ResponsesAPI
+from router.config import Config, PoolConfig
+from router.state.sqlite import SQLiteStore
+from router.state.store import Store
+
+log = logging.getLogger("router")
+
+
+@dataclass(eq=False)
+class RouterApp:
+    config: Config
+    base_dir: Path
+    store: Store
+    pools: dict[str, Pool]
+    app: Starlette
+    managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
+
+    async def startup(self) -> None:
+        await self.store.open()
+        for cfg in self.config.pools:
+            pool = self.pools[cfg.name]
+            if cfg.managed is not None:
+                await pool.client.start()
+                self.managed[cfg.name] = await self._launch(cfg, pool)
+                await pool.client.close()
+            await pool.start()
+
+    async def shutdown(self) -> None:
+        for pool in self.pools.values():
+            for worker in pool.workers:
+                worker.healthy = False  # stop routing new requests first
+        stops = []
+        for cfg in self.config.pools:
+            for worker in self.managed.get(cfg.name, ()):
+                assert cfg.managed is not None
+                stops.append(worker.stop(cfg.managed.stop_timeout_s))
+        await asyncio.gather(*stops, return_exceptions=True)
+        await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
+        await self.store.close()
+
+    async def _launch(self, cfg: PoolConfig, pool: Pool) -> list[ManagedWorker]:
+        managed = cfg.managed
+        assert managed is not None
+        host = "127.0.0.1"
+        ports = free_ports(*managed.port_range, managed.replicas, host)
+        log_dir = self.base_dir / managed.log_dir if managed.log_dir else None
+        specs = [
+            WorkerSpec(
+                engine=cfg.engine,
+                model=cfg.model,
+                command=list(managed.command),
+                extra_args=list(managed.extra_args),
+                host=host,
+                env=dict(managed.env),
+                log_path=log_dir / f"{cfg.name}-{i}.log" if log_dir else None,
+            )
+            for i in range(managed.replicas)
+        ]
+        workers = await start_workers(
+            specs, ports, pool.client, label=f"pool {cfg.name}", timeout_s=managed.start_timeout_s,
+            on_exit=lambda mw, code: pool.mark_down(_worker_for(pool, mw.url), f"process exited with code {code}"),
+        )
+        pool.workers = [Worker(w.url, healthy=True) for w in workers]
+        return workers
+
+
+def _worker_for(pool: Pool, url: str) -> Worker:
+    return next(w for w in pool.workers if w.url == url)
+
+
+def build(config: Config, base_dir: Path) -> RouterApp:
+    store_path = config.store.path
+    if store_path != ":memory:":
+        path = (base_dir / store_path).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store_path = str(path)
+    store = SQLiteStore(store_path)
+    pools = {
+        cfg.name: Pool.create(
+            name=cfg.name, engine=cfg.engine, model=cfg.model, balancer=make_balancer(cfg.policy), urls=cfg.urls,
+            connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s,
+            health_interval_s=cfg.health_interval_s,
+        )
+        for cfg in config.pools
+    }
+    models = {m.name: pools[m.pool] for m in config.models}
+    auth = Authenticator({k.key: k.name for k in config.auth.keys})
+    routes = [
+        *ResponsesAPI(store=store, models=models, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *MetaAPI(models=models, pools=list(pools.values()), auth=auth).routes(),
+    ]
+    app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app)

@@ -1,0 +1,72 @@
+"""``responses-router --config cfg.toml`` and ``responses-router sim ...``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sqlite3
+import sys
+from pathlib import Path
+
+from router.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim"]:
+        from backends.sim import main as sim_main
+
+        sim_main(argv[1:])
+        return
+    parser = argparse.ArgumentParser(prog="responses-router", description="The OpenAI Responses API over vLLM/SGLang pools.")
+    parser.add_argument("--config", required=True, help="TOML config file (see config.example.toml)")
+    parser.add_argument("--host", help="override [server].host")
+    parser.add_argument("--port", type=int, help="override [server].port")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"responses-router: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    _run(_serve(config, Path(args.config).resolve().parent, host, port))
+
+
+def _run(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from backends.launcher import LaunchError
+    from router.app import build
+
+    router = build(config, base_dir)
+    log = logging.getLogger("router")
+    try:
+        try:
+            await router.startup()
+        except (LaunchError, OSError, RuntimeError, sqlite3.Error) as exc:
+            print(f"responses-router: start-up failed: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        server = uvicorn.Server(
+            uvicorn.Config(
+                router.app, host=host, port=port, http="httptools", lifespan="off", access_log=False,
+                log_level=config.server.log_level, timeout_graceful_shutdown=10,
+            )
+        )
+        log.info("serving models %s on http://%s:%d/v1", ", ".join(m.name for m in config.models), host, port)
+        await server.serve()
+    finally:
+        await router.shutdown()

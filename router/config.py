@@ -1,0 +1,186 @@
+"""The router's TOML configuration, validated by pydantic.
+
+A wrong key, type or reference stops start-up with ONE readable line that
+names the key (``ConfigError``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class StoreConfig(_Section):
+    kind: Literal["sqlite"] = "sqlite"
+    # Relative paths are resolved against the config file's folder.
+    path: str = "responses.db"
+
+
+class ApiKey(_Section):
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=8)
+
+
+class AuthConfig(_Section):
+    # No keys: the router is open (fine on loopback, not elsewhere).
+    keys: list[ApiKey] = []
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthConfig:
+        for attr in ("name", "key"):
+            values = [getattr(k, attr) for k in self.keys]
+            if len(values) != len(set(values)):
+                raise ValueError(f"two keys share a {attr}")
+        return self
+
+
+class ManagedConfig(_Section):
+    replicas: int = Field(1, ge=1, le=64)
+    # A port range [first, last]; replica i listens on first + i.
+    port_range: tuple[int, int] = (18100, 18199)
+    # Command template; {port}, {host} and {model} are filled in. Empty: the engine's default.
+    command: list[str] = []
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    # Per-worker log files go here (relative to the config file); empty: inherit the router's stderr.
+    log_dir: str = ""
+    start_timeout_s: float = Field(120.0, gt=0)
+    stop_timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ports(self) -> ManagedConfig:
+        first, last = self.port_range
+        if not (0 < first <= last <= 65535):
+            raise ValueError("port_range must be [first, last] with 0 < first <= last <= 65535")
+        if last - first + 1 < self.replicas:
+            raise ValueError(f"port_range holds {last - first + 1} ports for {self.replicas} replicas")
+        return self
+
+
+class PoolConfig(_Section):
+    name: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang", "sim"]
+    # "harmony" (token-level generate for gpt-oss) comes with the harmony dialect.
+    dialect: Literal["chat"] = "chat"
+    # The model name the workers serve (what goes in the upstream "model" field).
+    model: str = Field(min_length=1)
+    urls: list[str] = []
+    managed: ManagedConfig | None = None
+    policy: Literal["round_robin", "least_in_flight"] = "least_in_flight"
+    health_interval_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    # Longest silence allowed between two reads of a worker's answer.
+    read_timeout_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _workers(self) -> PoolConfig:
+        if bool(self.urls) == (self.managed is not None):
+            raise ValueError("give exactly one of urls or [pools.managed]")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"url {url!r} must start with http:// or https://")
+        return self
+
+
+class ModelConfig(_Section):
+    # The public name clients send as "model".
+    name: str = Field(min_length=1)
+    pool: str = Field(min_length=1)
+
+
+class Config(_Section):
+    server: ServerConfig = ServerConfig()
+    store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
+    pools: list[PoolConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        pool_names = [p.name for p in self.pools]
+        if len(pool_names) != len(set(pool_names)):
+            raise ValueError("two pools share a name")
+        model_names = [m.name for m in self.models]
+        if len(model_names) != len(set(model_names)):
+            raise ValueError("two models share a name")
+        for i, model in enumerate(self.models):
+            if model.pool not in pool_names:
+                raise _Reference(f"models[{i}].pool", f"no pool named {model.pool!r} (pools: {', '.join(pool_names)})")
+        return self
+
+    def pool(self, name: str) -> PoolConfig:
+        return next(p for p in self.pools if p.name == name)
+
+
+class _Reference(ValueError):
+    """A reference error that knows the exact key it is about."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ConfigError(Exception):
+    """One readable line: which key, what is wrong."""
+
+
+def parse_config(text: str, *, source: str = "config") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_first_error(exc)}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_config(text, source=str(path))
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = _dotted(err["loc"])
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _Reference):
+        return f"{ctx_error.key}: {ctx_error}"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key"
+    if kind == "missing":
+        return f"{key}: required key is missing"
+    message = str(ctx_error) if ctx_error else err["msg"]
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        message = f"{err['msg'].lower()} (got {err['input']!r})"
+    message = message[:1].lower() + message[1:]
+    return f"{key}: {message}" if key else message
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out

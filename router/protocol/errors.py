@@ -1,0 +1,63 @@
+"""One error shape for every failure: ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error the client sees, with its HTTP status and OpenAI error fields."""
+
+    status: int = 500
+    type: str = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 status: int | None = None, type: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.fields()}
+
+    def fields(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "authentication_error"
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class UpstreamError(APIError):
+    """A worker failed (500, dropped connection, bad answer): 502 unless said otherwise."""
+
+    status = 502
+    type = "server_error"
+
+
+class NoCapacity(APIError):
+    """No healthy worker can take the request."""
+
+    status = 503
+    type = "server_error"

@@ -1,0 +1,278 @@
+"""The embedded Store: one SQLite file, driven from one dedicated thread.
+
+sqlite3 calls block, so every one of them runs on a single-worker executor
+that owns the connection: the event loop never waits on disk, and the
+connection is never used from two threads at once. The file is in WAL mode,
+so readers in other processes are not blocked by our writes.
+
+Chain semantics: ``previous_response_id`` is a plain column, not a foreign
+key. Deleting a response leaves its children intact; a child's history then
+stops at the gap (it holds only the responses after the deleted one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+import orjson
+
+from router.state.store import Item, ItemPage, Order, StoredResponse
+
+T = TypeVar("T")
+
+INPUT, OUTPUT = 0, 1
+# A chain deeper than this is treated as corrupt (a cycle written by a bug)
+# and cut, so a recursive query can never run forever.
+MAX_CHAIN_DEPTH = 100_000
+
+# MIGRATIONS[n] takes the schema from user_version n to n + 1. Append only.
+MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            previous_response_id TEXT,
+            created_at INTEGER,
+            status TEXT,
+            body BLOB
+        )""",
+        """CREATE TABLE items (
+            response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+            kind INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            item_id TEXT,
+            body BLOB,
+            PRIMARY KEY (response_id, kind, position)
+        )""",
+        "CREATE INDEX items_by_item_id ON items(response_id, kind, item_id)",
+    ],
+]
+
+_HISTORY_SQL = """
+WITH RECURSIVE chain(id, prev, depth) AS (
+    SELECT id, previous_response_id, 0 FROM responses WHERE id = ?1 AND owner = ?2
+    UNION ALL
+    SELECT r.id, r.previous_response_id, c.depth + 1
+    FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = ?2
+    WHERE c.depth < ?3
+)
+SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
+ORDER BY c.depth DESC, i.kind, i.position
+"""
+
+
+class SQLiteStore:
+    """``Store`` over a SQLite file (or ":memory:" for tests)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the store's thread."""
+        if self._executor is None:
+            raise RuntimeError("SQLiteStore is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, fn, args)
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._conn is None:
+            raise RuntimeError("SQLiteStore is closed")
+        return fn(self._conn, *args)
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
+        """One write transaction. IMMEDIATE takes the write lock up front, so another
+        process's writer waits out the busy timeout instead of deadlocking on upgrade."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = statements()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    async def open(self) -> None:
+        """Connect on the store's thread and bring the schema up to date."""
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+
+    def _open_sync(self) -> None:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=5000")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Apply the migrations this file is missing, all in one transaction."""
+        def apply() -> None:
+            # Read the version inside the write lock: another process may be migrating too.
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            if version > len(MIGRATIONS):
+                raise RuntimeError(f"database schema v{version} is newer than this code's v{len(MIGRATIONS)}")
+            for n in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[n]:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+
+        SQLiteStore._write(conn, apply)
+
+    async def close(self) -> None:
+        """Close the connection on its own thread, then stop the thread. Idempotent."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_sync)
+        finally:
+            executor.shutdown(wait=True)
+
+    def _close_sync(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def put_response(self, response: StoredResponse) -> None:
+        """Upsert the response and replace all its items in one transaction.
+
+        Raises PermissionError when the id exists under another owner.
+        """
+        await self._run(self._put_sync, response)
+
+    @staticmethod
+    def _put_sync(conn: sqlite3.Connection, r: StoredResponse) -> None:
+        # Serialize everything before taking the write lock: a bad item fails
+        # here with nothing written, and the lock is held only for SQL.
+        body = orjson.dumps(r.body)
+        rows: list[tuple[str, int, int, str | None, bytes]] = []
+        for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
+            for position, item in enumerate(items):
+                item_id = item.get("id") if isinstance(item.get("id"), str) else None
+                rows.append((r.id, kind, position, item_id, orjson.dumps(item)))
+
+        def statements() -> None:
+            cur = conn.execute(
+                """INSERT INTO responses (id, owner, previous_response_id, created_at, status, body)
+                VALUES (?, ?, ?, ?, ?, ?)
+                ON CONFLICT(id) DO UPDATE SET
+                    previous_response_id = excluded.previous_response_id,
+                    created_at = excluded.created_at,
+                    status = excluded.status,
+                    body = excluded.body
+                WHERE responses.owner = excluded.owner""",
+                (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body),
+            )
+            if cur.rowcount != 1:
+                # The id exists under another owner: never let one key overwrite another's.
+                raise PermissionError(f"response {r.id!r} belongs to another owner")
+            conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
+            conn.executemany(
+                "INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows
+            )
+
+        SQLiteStore._write(conn, statements)
+
+    async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        return await self._run(self._get_sync, response_id, owner)
+
+    @staticmethod
+    def _get_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> dict[str, Any] | None:
+        sql = "SELECT body FROM responses WHERE id = ? AND owner = ?"
+        row = conn.execute(sql, (response_id, owner)).fetchone()
+        return None if row is None else orjson.loads(row[0])
+
+    async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
+        """One recursive query; a missing (deleted) ancestor ends the chain there."""
+        return await self._run(self._history_sync, response_id, owner)
+
+    @staticmethod
+    def _history_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> list[Item] | None:
+        rows = conn.execute(_HISTORY_SQL, (response_id, owner, MAX_CHAIN_DEPTH)).fetchall()
+        if not rows:
+            return None  # the LEFT JOIN yields >= 1 row for every response found
+        # A response without items yields one row with a NULL body: skip it.
+        return [orjson.loads(body) for (body,) in rows if body is not None]
+
+    async def delete_response(self, response_id: str, owner: str) -> bool:
+        """Items go by ON DELETE CASCADE; children keep their own rows."""
+        return await self._run(self._delete_sync, response_id, owner)
+
+    @staticmethod
+    def _delete_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> bool:
+        sql = "DELETE FROM responses WHERE id = ? AND owner = ?"
+        return SQLiteStore._write(conn, lambda: conn.execute(sql, (response_id, owner)).rowcount > 0)
+
+    async def list_input_items(
+        self,
+        response_id: str,
+        owner: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        order: Order = "desc",
+    ) -> ItemPage | None:
+        """A page of input items in ``order``, strictly after item ``after``.
+
+        Raises KeyError(after) when ``after`` is not one of this response's
+        input items, so the API can answer 400 naming the ``after`` param.
+        Raises ValueError for a limit below 1 or an unknown order.
+        """
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        return await self._run(self._list_sync, response_id, owner, after, limit, order)
+
+    @staticmethod
+    def _list_sync(
+        conn: sqlite3.Connection, response_id: str, owner: str, after: str | None, limit: int, order: Order
+    ) -> ItemPage | None:
+        # A read transaction: the checks and the page see one snapshot.
+        conn.execute("BEGIN")
+        try:
+            known = conn.execute("SELECT 1 FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
+            if known.fetchone() is None:
+                return None
+            cmp, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+            if after is None:
+                bound = -1 if order == "asc" else 2**62
+            else:
+                row = conn.execute(
+                    f"SELECT position FROM items WHERE response_id = ? AND kind = {INPUT} AND item_id = ?"
+                    f" ORDER BY position {direction} LIMIT 1",
+                    (response_id, after),
+                ).fetchone()
+                if row is None:
+                    raise KeyError(after)
+                bound = row[0]
+            rows = conn.execute(
+                f"SELECT body FROM items WHERE response_id = ? AND kind = {INPUT} AND position {cmp} ?"
+                f" ORDER BY position {direction} LIMIT ?",
+                (response_id, bound, limit + 1),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return ItemPage(data=[orjson.loads(body) for (body,) in rows[:limit]], has_more=len(rows) > limit)

@@ -1,0 +1,173 @@
+"""One response: prompt -> worker call -> assembler -> persist -> events.
+
+The worker is chosen and answers with its status BEFORE the client sees a
+byte, so "no worker" and worker errors get a real HTTP status even for
+streams; once streaming, a failure ends the response as ``failed`` (an
+``error`` event, then ``response.failed``). The response is persisted
+before its terminal event leaves, so a client can chain on it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
+from backends.pools import NoHealthyWorker, Pool, Worker
+from router.dialects import chat
+from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
+from router.protocol.items import Item
+from router.protocol.requests import CreateResponse
+from router.state.store import Store, StoredResponse
+from router.turns.assembler import Assembler, Event
+
+log = logging.getLogger("router.turns")
+
+
+@dataclass(eq=False)
+class ResponseRun:
+    """Per-request state of one response; nothing here is shared between requests."""
+
+    req: CreateResponse
+    owner: str
+    pool: Pool
+    store: Store
+    history: list[Item]
+    input_items: list[Item]
+    response: dict[str, Any]
+    _worker: Worker | None = None
+    _stream: SSEStream | None = None
+    _assembler: Assembler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._assembler = Assembler(self.response)
+
+    # -- non-streaming -----------------------------------------------------
+
+    async def complete(self) -> dict[str, Any]:
+        """Run to the end and return the final Response object."""
+        body = self._worker_request(stream=False)
+        answer = await self._call(lambda url: self.pool.client.post_json(url, body))
+        asm = self._assembler
+        asm.feed(chat.completion_deltas(answer))
+        asm.finish()
+        await self._persist()
+        return self.response
+
+    # -- streaming ---------------------------------------------------------
+
+    async def open_stream(self) -> None:
+        """Reach a worker and get its 200 before anything is sent to the client."""
+        body = self._worker_request(stream=True)
+        self._stream = await self._call(lambda url: self.pool.client.open_sse(url, body), release=False)
+
+    async def events(self) -> AsyncIterator[list[Event]]:
+        """Batches of events; one batch per upstream read."""
+        assert self._stream is not None, "open_stream() first"
+        asm = self._assembler
+        try:
+            yield asm.start()
+            try:
+                async for batch in self._stream.batches():
+                    deltas = [d for chunk in batch for d in chat.chunk_deltas(chunk)]
+                    events = asm.feed(deltas)
+                    if events:
+                        yield events
+            except WorkerStreamBroken as exc:
+                log.warning("pool %s: stream from %s broke: %s", self.pool.name, self._worker_url, exc)
+                error = UpstreamError("the worker's stream broke off before the response was complete", code="upstream_stream_broken")
+                events = asm.fail(error)
+                await self._persist()
+                yield events
+                return
+            events = asm.finish()
+            await self._persist()
+            yield events
+        finally:
+            self._stream.close()
+            self._release()
+
+    # -- worker calls ------------------------------------------------------
+
+    def _worker_request(self, *, stream: bool) -> dict[str, Any]:
+        req = self.req
+        messages = chat.to_messages(self.history + self.input_items, req.instructions)
+        return chat.chat_request(
+            messages, model=self.pool.model, stream=stream, max_tokens=req.max_output_tokens,
+            temperature=req.temperature, top_p=req.top_p,
+        )
+
+    async def _call(self, send: Any, *, release: bool = True) -> Any:
+        """Send to a healthy worker; an unreachable worker is skipped for the next one."""
+        url = self.pool.engine.chat_path
+        tried: list[Worker] = []
+        while True:
+            try:
+                worker = self.pool.pick(exclude=tried)
+            except NoHealthyWorker as exc:
+                error = NoCapacity(f"no worker can serve model '{self.req.model}' now: {exc}", code="no_healthy_worker")
+                raise await self._failed(error) from None
+            tried.append(worker)
+            self._acquire(worker)
+            try:
+                result = await send(worker.url + url)
+            except WorkerUnavailable as exc:
+                self.pool.mark_down(worker, str(exc))
+                self._release()
+                continue
+            except WorkerError as exc:
+                self._release()
+                raise await self._failed(_api_error(exc)) from None
+            if release:
+                self._release()
+            return result
+
+    def _acquire(self, worker: Worker) -> None:
+        worker.in_flight += 1
+        self._worker = worker
+
+    def _release(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.in_flight -= 1
+            worker.served += 1
+
+    @property
+    def _worker_url(self) -> str:
+        return self._worker.url if self._worker else "?"
+
+    async def _failed(self, error: APIError) -> APIError:
+        """Record a response that failed before streaming began; returns the error to raise."""
+        self._assembler.fail(error)
+        await self._persist()
+        return error
+
+    async def _persist(self) -> None:
+        if not self.req.store:
+            return
+        response = self.response
+        await self.store.put_response(
+            StoredResponse(
+                id=response["id"],
+                owner=self.owner,
+                previous_response_id=self.req.previous_response_id,
+                created_at=response["created_at"],
+                status=response["status"],
+                body=response,
+                input_items=self.input_items,
+            )
+        )
+
+
+def _api_error(exc: WorkerError) -> APIError:
+    """How a worker's failure looks to the client."""
+    if isinstance(exc, WorkerHTTPError):
+        if exc.status in (429, 503):
+            return NoCapacity(f"the worker is overloaded: {exc.message}", code="worker_overloaded")
+        if 400 <= exc.status < 500:
+            # The request itself is at fault (e.g. longer than the model's context).
+            return InvalidRequest(exc.message, code="upstream_rejected")
+        return UpstreamError(f"the worker failed with status {exc.status}: {exc.message}", code="upstream_error")
+    return UpstreamError(f"the worker failed: {exc}", code="upstream_error")

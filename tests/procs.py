@@ -1,0 +1,104 @@
+"""Real processes for end-to-end tests: a router started the way users start it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_range(width: int = 20) -> tuple[int, int]:
+    """A port range unlikely to collide with other tests' ranges."""
+    base = free_port()
+    base = min(base, 65535 - width)
+    return base, base + width - 1
+
+
+def http_status(url: str, timeout: float = 1.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+@dataclass
+class RouterProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    dir: Path
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def sim_pool_toml(*, name: str = "sim", model: str = "sim-model", replicas: int = 2, extra_args: str = "[]") -> str:
+    first, last = free_range()
+    return f"""
+[[pools]]
+name = "{name}"
+engine = "sim"
+model = "{model}"
+health_interval_s = 0.5
+[pools.managed]
+replicas = {replicas}
+port_range = [{first}, {last}]
+extra_args = {extra_args}
+log_dir = "logs"
+"""
+
+
+def start_router(tmp: Path, body: str, *, server: str = "", wait: bool = True) -> RouterProcess:
+    """Write ``cfg.toml`` into ``tmp`` and start ``python -m router --config`` on a free port."""
+    port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = tmp / "cfg.toml"
+    config.write_text(f'[server]\nport = {port}\nlog_level = "info"\n{server}\n[store]\npath = "responses.db"\n{body}')
+    log_path = tmp / "router.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router", "--config", str(config)],
+        cwd=ROOT, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    router = RouterProcess(proc, port, tmp, log_path)
+    if wait:
+        deadline = time.monotonic() + 60
+        while http_status(router.base_url + "/health") != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log()}")
+            if time.monotonic() > deadline:
+                router.stop()
+                raise RuntimeError(f"router not healthy after 60 s:\n{router.log()}")
+            time.sleep(0.1)
+    return router
