@@ -78,7 +78,7 @@ class WorkerClient:
         try:
             resp = await self.session.post(url, data=orjson.dumps(body), headers=_JSON)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise WorkerUnavailable(f"{url}: {exc!r}") from exc
+            raise _send_error(url, exc) from exc
         async with resp:
             try:
                 raw = await resp.read()
@@ -96,7 +96,7 @@ class WorkerClient:
         try:
             resp = await self.session.post(url, data=orjson.dumps(body), headers=_SSE)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise WorkerUnavailable(f"{url}: {exc!r}") from exc
+            raise _send_error(url, exc) from exc
         if resp.status >= 400:
             async with resp:
                 try:
@@ -147,6 +147,13 @@ class SSEStream:
 
     def close(self) -> None:
         self._resp.close()
+
+
+def _send_error(url: str, exc: BaseException) -> WorkerError:
+    """Could not connect: the worker is unavailable. Connected, then lost: it may have started the work."""
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+        return WorkerUnavailable(f"{url}: {exc!r}")
+    return WorkerStreamBroken(f"{url}: {exc!r}")
 
 
 def _data(frame: bytes) -> bytes | None:

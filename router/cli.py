@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sqlite3
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from router.config import ConfigError, load_config
@@ -37,6 +39,26 @@ def main(argv: list[str] | None = None) -> None:
     _run(_serve(config, Path(args.config).resolve().parent, host, port))
 
 
+def _server_class():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after serving, which would skip stopping the workers; handle it instead."""
+
+        @contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def,override]
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server
+
+
 def _run(coro: object) -> None:
     try:
         import uvloop
@@ -52,6 +74,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     from backends.launcher import LaunchError
     from router.app import build
 
+    _Server = _server_class()
     router = build(config, base_dir)
     log = logging.getLogger("router")
     try:
@@ -60,7 +83,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
         except (LaunchError, OSError, RuntimeError, sqlite3.Error) as exc:
             print(f"responses-router: start-up failed: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
-        server = uvicorn.Server(
+        server = _Server(
             uvicorn.Config(
                 router.app, host=host, port=port, http="httptools", lifespan="off", access_log=False,
                 log_level=config.server.log_level, timeout_graceful_shutdown=10,

@@ -94,7 +94,8 @@ def start_router(tmp: Path, body: str, *, server: str = "", wait: bool = True) -
     router = RouterProcess(proc, port, tmp, log_path)
     if wait:
         deadline = time.monotonic() + 60
-        while http_status(router.base_url + "/health") != 200:
+        # The router listens only once its managed workers are ready: any answer means up.
+        while http_status(router.base_url + "/health") is None:
             if proc.poll() is not None:
                 raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log()}")
             if time.monotonic() > deadline:

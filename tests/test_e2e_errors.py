@@ -1,0 +1,233 @@
+"""Bad input, dead and broken workers: the right status, the OpenAI error shape, and an intact store."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
+from tests.streamrules import check_stream
+
+pytestmark = pytest.mark.e2e
+
+KEY_A = "sk-test-key-a-123456"
+KEY_B = "sk-test-key-b-654321"
+
+
+def assert_error(resp: httpx.Response, status: int, *, code: str | None = None, param: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+@pytest.fixture(scope="module")
+def http(router: RouterProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=router.base_url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    """A router with API keys, a 64 KiB body limit, and a model whose only worker is dead."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    body = (
+        sim_pool_toml(replicas=1)
+        + f'\n[[pools]]\nname = "dead"\nengine = "vllm"\nmodel = "m"\nurls = ["{dead}"]\nhealth_interval_s = 0.5\n'
+        + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n[[models]]\nname = "dead-model"\npool = "dead"\n'
+        + f'\n[auth]\nkeys = [{{ name = "a", key = "{KEY_A}" }}, {{ name = "b", key = "{KEY_B}" }}]\n'
+    )
+    proc = start_router(tmp_path_factory.mktemp("strict"), body, server="max_body_bytes = 65536")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def stored_statuses(router: RouterProcess) -> dict[str, str]:
+    """Read the router's SQLite file directly: what is really stored, not what the API says."""
+    with sqlite3.connect(f"file:{router.dir / 'responses.db'}?mode=ro", uri=True) as db:
+        return dict(db.execute("SELECT id, status FROM responses"))
+
+
+# -- malformed bodies --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (b"{not json", None, "invalid_json"),
+        (b"[1, 2]", None, "invalid_json"),
+        (b"", None, "invalid_json"),
+        (b'{"input": "hi"}', "model", "missing_required_parameter"),
+        (b'{"model": "sim-chat", "input": "hi", "temperature": "hot"}', "temperature", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "temperature": 5}', "temperature", "invalid_value"),
+        (b'{"model": "sim-chat", "input": 5}', "input", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "max_output_tokens": 0}', "max_output_tokens", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "surprise": 1}', "surprise", "unknown_parameter"),
+        (b'{"model": "sim-chat", "input": "hi", "metadata": {"k": 3}}', "metadata.k", "invalid_value"),
+        (b'{"model": "sim-chat", "input": [{"role": "wizard", "content": "x"}]}', "input[0].role", None),
+        (b'{"model": "sim-chat", "input": [{"role": "user", "content": 7}]}', "input[0].content", None),
+        (b'{"model": "sim-chat", "input": [{"type": "computer_call_output", "call_id": "c"}]}', "input[0].type", "unsupported_item_type"),
+        (b'{"model": "sim-chat", "input": [{"role": "user", "content": [{"type": "input_audio"}]}]}', "input[0].content[0].type", "unsupported_content_type"),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "function", "name": "f"}]}', "tools", "unsupported_parameter"),
+        (b'{"model": "sim-chat", "input": []}', "input", "empty_input"),
+    ],
+)
+def test_malformed_bodies(http: httpx.Client, body: bytes, param: str | None, code: str | None) -> None:
+    before = http.get("/health").json()
+    resp = http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert_error(resp, 400, code=code, param=param)
+    assert http.get("/health").json()["pools"][0]["healthy_workers"] == before["pools"][0]["healthy_workers"]
+
+
+def test_metadata_limits(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="x", metadata={f"k{i}": "v" for i in range(17)})
+    assert err.value.body["param"] == "metadata"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="x", metadata={"k": "v" * 513})
+
+
+def test_unknown_model_and_previous_response(http: httpx.Client, client: openai.OpenAI) -> None:
+    resp = http.post("/v1/responses", json={"model": "no-such-model", "input": "hi"})
+    assert_error(resp, 404, code="model_not_found", param="model")
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"})
+    assert_error(resp, 404, code="previous_response_not_found", param="previous_response_id")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_nope")
+    assert err.value.body["code"] == "previous_response_not_found"
+
+
+def test_unknown_ids_and_routes(http: httpx.Client) -> None:
+    assert_error(http.get("/v1/responses/resp_missing"), 404, code="response_not_found")
+    assert_error(http.delete("/v1/responses/resp_missing"), 404, code="response_not_found")
+    assert_error(http.get("/v1/responses/resp_missing/input_items"), 404, code="response_not_found")
+    assert_error(http.get("/v1/nothing-here"), 404, code="not_found")
+    assert_error(http.put("/v1/responses"), 405, code="method_not_allowed")
+
+
+def test_input_items_bad_query(http: httpx.Client, client: openai.OpenAI) -> None:
+    rid = client.responses.create(model=MODEL, input="page me").id
+    assert_error(http.get(f"/v1/responses/{rid}/input_items", params={"limit": 0}), 400, param="limit")
+    assert_error(http.get(f"/v1/responses/{rid}/input_items", params={"limit": "lots"}), 400, param="limit")
+    assert_error(http.get(f"/v1/responses/{rid}/input_items", params={"order": "up"}), 400, param="order")
+    assert_error(http.get(f"/v1/responses/{rid}/input_items", params={"after": "msg_nope"}), 400, param="after")
+
+
+def test_oversized_body(http: httpx.Client, strict: RouterProcess) -> None:
+    big = b'{"model": "sim-chat", "input": "' + b"x" * 70_000 + b'"}'
+    with httpx.Client(base_url=strict.base_url, headers={"authorization": f"Bearer {KEY_A}"}) as c:
+        assert_error(c.post("/v1/responses", content=big), 413, code="request_too_large")
+        # Without a Content-Length (chunked), the limit holds while reading.
+        chunks = (big[i : i + 8192] for i in range(0, len(big), 8192))
+        assert_error(c.post("/v1/responses", content=chunks), 413, code="request_too_large")
+        ok = c.post("/v1/responses", json={"model": MODEL, "input": "small"})
+        assert ok.status_code == 200, ok.text
+
+
+# -- broken workers ----------------------------------------------------------
+
+
+def test_worker_error_status(http: httpx.Client, client: openai.OpenAI, router: RouterProcess) -> None:
+    anchor = client.responses.create(model=MODEL, input="before the failure")
+    for stream in (False, True):
+        resp = http.post("/v1/responses", json={"model": MODEL, "input": "fail [sim:status=500]", "stream": stream})
+        error = assert_error(resp, 502, code="upstream_error")
+        assert "500" in error["message"]
+    failed = [rid for rid, status in stored_statuses(router).items() if status == "failed"]
+    assert failed, "the failed response was not stored as failed"
+    # Nothing else was disturbed: the earlier response and its chain still work.
+    assert client.responses.retrieve(anchor.id).status == "completed"
+    follow = client.responses.create(model=MODEL, input="after the failure", previous_response_id=anchor.id)
+    assert follow.status == "completed"
+
+
+def test_worker_rejects_request(http: httpx.Client) -> None:
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": "bad [sim:status=400]"})
+    assert_error(resp, 400, code="upstream_rejected")
+
+
+def test_worker_drops_the_stream(client: openai.OpenAI, router: RouterProcess) -> None:
+    events = [e.model_dump() for e in client.responses.create(model=MODEL, input="drop [sim:drop_after=3] [sim:tokens=20]", stream=True)]
+    final = check_stream(events)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "upstream_stream_broken"
+    assert final["status"] == "failed" and final["error"]["code"] == "upstream_stream_broken"
+    stored = client.responses.retrieve(final["id"])
+    assert stored.status == "failed"
+    assert stored.output[0].status == "incomplete"
+    assert len(stored.output_text.split()) == 3  # what was produced before the break is kept
+    # The worker that dropped is still usable; the next request is served.
+    assert client.responses.create(model=MODEL, input="after a drop").status == "completed"
+
+
+def test_worker_drops_a_non_streamed_answer(http: httpx.Client) -> None:
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": "drop [sim:drop_after=0]"})
+    assert_error(resp, 502, code="upstream_error")
+
+
+def test_no_healthy_worker(strict: RouterProcess) -> None:
+    with httpx.Client(base_url=strict.base_url, headers={"authorization": f"Bearer {KEY_A}"}) as c:
+        for stream in (False, True):
+            resp = c.post("/v1/responses", json={"model": "dead-model", "input": "hi", "stream": stream})
+            assert_error(resp, 503, code="no_healthy_worker")
+        health = c.get("/health")
+        assert health.status_code == 503
+        dead = next(p for p in health.json()["pools"] if p["name"] == "dead")
+        assert dead["status"] == "down" and dead["workers"][0]["last_error"]
+        assert c.post("/v1/responses", json={"model": MODEL, "input": "still fine"}).status_code == 200
+    assert "failed" in stored_statuses(strict).values()
+
+
+# -- keys and isolation ------------------------------------------------------
+
+
+def test_api_keys(strict: RouterProcess) -> None:
+    with httpx.Client(base_url=strict.base_url) as c:
+        assert_error(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}), 401, code="missing_api_key")
+        bad = {"authorization": "Bearer sk-wrong-key-000000"}
+        assert_error(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=bad), 401, code="invalid_api_key")
+        assert_error(c.get("/v1/models", headers=bad), 401)
+    a = openai.OpenAI(base_url=strict.base_url + "/v1", api_key=KEY_A, max_retries=0)
+    b = openai.OpenAI(base_url=strict.base_url + "/v1", api_key=KEY_B, max_retries=0)
+    mine = a.responses.create(model=MODEL, input="private to a")
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.input_items.list(mine.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        b.responses.create(model=MODEL, input="steal", previous_response_id=mine.id)
+    assert err.value.body["code"] == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(mine.id)
+    assert a.responses.retrieve(mine.id).output_text == mine.output_text  # b's attempts changed nothing
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=strict.base_url + "/v1", api_key="sk-nobody-000000", max_retries=0).models.list()
+
+
+# -- load ----------------------------------------------------------------------
+
+
+def test_concurrent_requests_all_complete(client: openai.OpenAI) -> None:
+    def one(i: int) -> str:
+        if i % 2:
+            return client.responses.create(model=MODEL, input=f"parallel {i}").status
+        with client.responses.stream(model=MODEL, input=f"parallel {i}") as stream:
+            return stream.get_final_response().status
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(one, range(48)))
+    assert statuses == ["completed"] * 48
