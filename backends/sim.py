@@ -164,7 +164,7 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
             isinstance(m, dict) for m in messages):
         raise SimError(400, "Field 'messages' is required: a non-empty list of messages.",
                        "messages")
-    if body.get("model") != cfg.model:
+    if body.get("model") not in (None, cfg.model):  # both engines default a missing model
         status = 400 if cfg.engine == "sglang" else 404
         raise SimError(status, f"The model `{body.get('model')}` does not exist.", "model")
     markers = parse_markers(last_user_text(messages))
@@ -177,7 +177,7 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
     tokens = (echo_tokens(messages) if "echo" in markers else
               generate_tokens(messages, cfg.default_tokens if n is None else min(n, budget + 1)))
     stream = bool(body.get("stream"))
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
     ttft, itl = int_marker(markers, "ttft_ms"), int_marker(markers, "itl_ms")
     return Plan(tokens[:budget], "length" if len(tokens) > budget else "stop", prompt,
                 stream=stream, include_usage=stream and bool(options.get("include_usage")),

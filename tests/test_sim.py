@@ -165,7 +165,8 @@ def test_non_stream_shape_and_determinism(vllm):
     assert body["model"] == MODEL and isinstance(body["created"], int)
     (choice,) = body["choices"]
     msg = choice["message"]
-    assert msg["role"] == "assistant" and msg["tool_calls"] == [] and msg["reasoning_content"] is None
+    assert msg["role"] == "assistant" and msg["tool_calls"] == []
+    assert msg["reasoning_content"] is None
     assert choice["logprobs"] is None and choice["finish_reason"] == "stop"
     words = msg["content"].split(" ")
     assert len(words) == 12 and set(words) <= set(VOCAB)
@@ -268,7 +269,8 @@ def test_echo(vllm):
     chunks = list(vllm.client().chat.completions.create(model=MODEL, messages=messages,
                                                         stream=True))
     pieces = [c.choices[0].delta.content for c in chunks[1:-1]]
-    assert all(0 < len(p) <= 16 for p in pieces) and "".join(pieces) == out.choices[0].message.content
+    assert all(0 < len(p) <= 16 for p in pieces)
+    assert "".join(pieces) == out.choices[0].message.content
     cut = vllm.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     assert cut.choices[0].message.content == out.choices[0].message.content[:32]
     assert cut.choices[0].finish_reason == "length"
@@ -341,7 +343,8 @@ def test_sglang_shapes(sglang):
     status, body = sglang.chat({"model": "sg-model", "messages": user("hi [sim:tokens=3]")})
     (choice,) = body["choices"]
     assert status == 200 and choice["finish_reason"] == "stop" and "matched_stop" in choice
-    assert choice["message"]["role"] == "assistant" and len(choice["message"]["content"].split()) == 3
+    assert choice["message"]["role"] == "assistant"
+    assert len(choice["message"]["content"].split()) == 3
     assert body["usage"]["completion_tokens"] == 3 and body["usage"]["reasoning_tokens"] == 0
 
     status, _, raw = sglang.request("POST", "/v1/chat/completions", {

@@ -1,0 +1,87 @@
+"""Each kind of config mistake stops start-up with one readable line naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, load_config, parse_config
+from tests.procs import ROOT
+
+GOOD = """
+[server]
+port = 8081
+
+[[pools]]
+name = "sim"
+engine = "sim"
+model = "sim-model"
+[pools.managed]
+replicas = 2
+
+[[models]]
+name = "chat"
+pool = "sim"
+"""
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="cfg.toml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("cfg.toml: ")
+    return message.removeprefix("cfg.toml: ")
+
+
+def test_good_config_and_defaults() -> None:
+    config = parse_config(GOOD)
+    assert config.server.port == 8081 and config.server.host == "127.0.0.1"
+    assert config.pools[0].managed is not None and config.pools[0].managed.replicas == 2
+    assert config.store.kind == "sqlite" and config.auth.keys == []
+
+
+def test_the_example_config_is_valid() -> None:
+    config = load_config(ROOT / "config.example.toml")
+    assert [m.name for m in config.models] == ["sim-chat"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("[server]\nport = 8081", "[server]\nport = 8081\nprot = 1"), "server.prot: unknown key"),
+        (("port = 8081", 'port = "eighty"'), "server.port: input should be a valid integer"),
+        (("port = 8081", "port = 70000"), "server.port: input should be less than or equal to 65535"),
+        (('engine = "sim"', 'engine = "tgi"'), "pools[0].engine: input should be 'vllm', 'sglang' or 'sim' (got 'tgi')"),
+        (('pool = "sim"', 'pool = "gpu"'), "models[0].pool: no pool named 'gpu' (pools: sim)"),
+        (("replicas = 2", "replicas = 0"), "pools[0].managed.replicas: input should be greater than or equal to 1"),
+        (("[pools.managed]\nreplicas = 2", ""), "pools[0]: give exactly one of urls or [pools.managed]"),
+        (("[pools.managed]\nreplicas = 2", 'urls = ["ftp://x"]'), "pools[0]: url 'ftp://x' must start with http:// or https://"),
+        (('model = "sim-model"\n', ""), "pools[0].model: required key is missing"),
+        (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a', key='short'}]"), "auth.keys[0].key: string should have at least 8 characters"),
+        (("port = 8081", "port ="), "not valid TOML"),
+    ],
+)
+def test_each_mistake_names_its_key(change: tuple[str, str], expected: str) -> None:
+    old, new = change
+    assert old in GOOD
+    assert error_of(GOOD.replace(old, new, 1)).startswith(expected)
+
+
+def test_duplicate_names() -> None:
+    doubled = GOOD + '\n[[models]]\nname = "chat"\npool = "sim"\n'
+    assert error_of(doubled) == "two models share a name"
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace('pool = "sim"', 'pool = "gpu"'))
+    run = subprocess.run([sys.executable, "-m", "router", "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"responses-router: {bad}: models[0].pool: no pool named 'gpu' (pools: sim)"]
+    missing = subprocess.run([sys.executable, "-m", "router", "--config", str(tmp_path / "nope.toml")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "cannot read" in missing.stderr
