@@ -7,14 +7,44 @@ small vocabulary, so the assembler never knows which engine spoke.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
 @dataclass(slots=True, frozen=True)
 class TextDelta:
+    """Visible answer text. A change of ``phase`` starts a new message item
+    (harmony's commentary preambles are ``"commentary"``, the answer ``None``
+    or ``"final_answer"``)."""
+
     text: str
+    logprobs: list[dict[str, Any]] | None = None
+    phase: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ReasoningDelta:
+    """Chain-of-thought text (reasoning_content, <think>, harmony analysis)."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class RefusalDelta:
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallDelta:
+    """A fragment of one tool call. ``index`` tells parallel calls of a turn
+    apart; ``call_id`` and ``name`` come with the first fragment of a call
+    (None later), ``arguments`` is a piece of the JSON arguments text."""
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,4 +62,4 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-Delta = TextDelta | Finish | Usage
+Delta = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta | Finish | Usage
