@@ -3,9 +3,21 @@
 Demos, tests and benchmarks drive the router end to end with it on machines
 that cannot run an engine: `/health`, `/v1/models`, `/metrics` and
 `/v1/chat/completions` in the engine's wire shapes. Output is derived from the
-messages; markers in the last user message script failures and timing:
-`[sim:tokens=N]`, `[sim:status=CODE]`, `[sim:drop_after=K]`, `[sim:echo]`,
-`[sim:ttft_ms=N]`, `[sim:itl_ms=N]`, `[sim:hang]`.
+request; markers in the last user message script it (backends/sim_script.py):
+
+- failures and timing: `[sim:status=CODE]`, `[sim:drop_after=K]` (close the
+  connection after K tokens), `[sim:hang]`, `[sim:ttft_ms=N]`, `[sim:itl_ms=N]`;
+- text: `[sim:tokens=N]` words, `[sim:echo]` (the messages as JSON),
+  `[sim:echo=request]` (the body except `messages`, as JSON), `[sim:refuse]`
+  (a refusal); a last message of role `tool` is answered "tool said: ...";
+- tool calls (with `tools`): `[sim:call=NAME]`, `[sim:call=A,B]` (parallel),
+  arguments valid for the tool's schema; `tool_choice` required/named/none;
+- reasoning: `[sim:reason=N]` (the reasoning field), `[sim:think=N]`
+  (`<think>...</think>` in the content);
+- `[sim:cached=N]`: `usage.prompt_tokens_details.cached_tokens`.
+
+`response_format` json_schema/json_object makes the content JSON valid for the
+schema; `logprobs`/`top_logprobs` add deterministic logprobs.
 """
 
 from __future__ import annotations
@@ -13,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import re
 import signal
 import time
 import uuid
@@ -23,15 +33,12 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-VOCAB = tuple("the router streams tokens from a simulated worker while clients wait for answers "
-              "and every request finds its pool quickly models think about cache prefix latency "
-              "queue batch of small words today".split())
-MARKER_RE = re.compile(r"\[sim:([A-Za-z_]+)(?:=([^\]\s]*))?\]")
-ECHO_TOKEN_CHARS = 16
+from backends.sim_script import (  # noqa: F401  (VOCAB and the helpers are re-exported)
+    VOCAB, SimError, Step, ToolCall, build_script, count_prompt_tokens, cut_steps, error_body,
+    generate_tokens, int_marker, last_user_text, logprobs_body, message_fields, parse_markers,
+    read_options, step_delta, usage_body)
+
 SGLANG_EOS_TOKEN_ID = 2  # SGLang's matched_stop names the stop token; here EOS
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-                404: "NotFoundError", 408: "RequestTimeoutError", 429: "RateLimitError",
-                503: "ServiceUnavailableError"}
 
 
 @dataclass(frozen=True)
@@ -45,89 +52,43 @@ class SimConfig:
     max_concurrency: int = 64
     max_model_len: int = 4096
     default_tokens: int = 12
+    reasoning_field: str | None = None
 
-
-class SimError(Exception):
-    """A request the engine would refuse; args are (status, message, param)."""
+    @property
+    def reasoning_key(self) -> str:
+        """vLLM renamed reasoning_content to reasoning (vllm#27752) and removed
+        the old name (vllm#33402, early 2026), so 0.32 sends `reasoning`;
+        SGLang's DeltaMessage/ChatMessage use `reasoning_content`."""
+        if self.reasoning_field:
+            return self.reasoning_field
+        return "reasoning_content" if self.engine == "sglang" else "reasoning"
 
 
 @dataclass
 class Plan:
     """Everything one request will do, decided before any slot is taken."""
 
-    tokens: list[str]
+    steps: list[Step]
     finish_reason: str
     prompt_tokens: int
+    calls: list[ToolCall] = field(default_factory=list)
+    forced: bool = False  # tool_choice required/named made the calls
+    parser: bool = False  # report reasoning tokens as an engine with a reasoning parser does
+    cached: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False
     ttft_s: float = 0.0
     itl_s: float = 0.0
     drop_after: int | None = None
     hang: bool = False
     status: int | None = None
 
-
-# ---------------------------------------------------------------- pure helpers
-
-
-def message_text(message: dict) -> str:
-    """The text of one chat message: string content or its parts' `text`."""
-    content = message.get("content")
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
-def last_user_text(messages: list[dict]) -> str:
-    """Markers are read only from the last user message, so history replayed
-    by the router (which may contain old markers) does not re-trigger them."""
-    users = [m for m in messages if m.get("role") == "user"]
-    return message_text(users[-1]) if users else ""
-
-
-def parse_markers(text: str) -> dict[str, str | None]:
-    """`[sim:NAME]` -> {NAME: None}; `[sim:NAME=VALUE]` -> {NAME: VALUE}."""
-    return {m.group(1): m.group(2) for m in MARKER_RE.finditer(text)}
-
-
-def int_marker(markers: dict[str, str | None], name: str) -> int | None:
-    """An integer marker value, or None when absent or not a non-negative int."""
-    value = markers.get(name)
-    return int(value) if value and value.isdigit() else None
-
-
-def count_prompt_tokens(messages: list[dict]) -> int:
-    """Deterministic stand-in for a tokenizer: for each message 3 + the number
-    of whitespace-separated words of its text content, plus 3 for the reply
-    prefix (roughly what chat templates add)."""
-    return 3 + sum(3 + len(message_text(m).split()) for m in messages)
-
-
-def generate_tokens(messages: list[dict], n: int) -> list[str]:
-    """N words picked by a hash keyed on the messages: same messages, same
-    text; token 0 is a bare word, later tokens are " " + word."""
-    seed = hashlib.blake2b(orjson.dumps(messages), digest_size=16).digest()
-    words = []
-    for i in range(n):
-        h = hashlib.blake2b(i.to_bytes(4, "little"), key=seed, digest_size=2).digest()
-        words.append(VOCAB[int.from_bytes(h, "little") % len(VOCAB)])
-    return [w if i == 0 else " " + w for i, w in enumerate(words)]
-
-
-def echo_tokens(messages: list[dict]) -> list[str]:
-    """The messages as received, as JSON text, cut into 16-character tokens."""
-    text = orjson.dumps(messages).decode()
-    return [text[i:i + ECHO_TOKEN_CHARS] for i in range(0, len(text), ECHO_TOKEN_CHARS)]
-
-
-def error_body(engine: str, status: int, message: str, param: str | None = None) -> dict:
-    """vLLM nests the error under "error"; SGLang's ErrorResponse is flat
-    (SGLang python/sglang/srt/entrypoints/openai/protocol.py, ErrorResponse)."""
-    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    err = {"message": message, "type": kind, "param": param, "code": status}
-    if engine == "sglang":
-        return {"object": "error", **err}
-    return {"error": err}
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.steps)
 
 
 def _max_tokens(body: dict) -> int | None:
@@ -172,62 +133,83 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
     status = int_marker(markers, "status")
     if status is not None and 400 <= status <= 599:
         return Plan([], "stop", prompt, status=status)
+    opts = read_options(body)
     budget = _check_length(cfg, prompt, _max_tokens(body))
-    n = int_marker(markers, "tokens")
-    tokens = (echo_tokens(messages) if "echo" in markers else
-              generate_tokens(messages, cfg.default_tokens if n is None else min(n, budget + 1)))
+    script = build_script(cfg.engine, body, messages, markers, opts, cfg.default_tokens, budget + 1)
+    steps, cut = cut_steps(script.steps, budget)
+    # vLLM finishes a named tool_choice with "stop" and auto/required calls with
+    # "tool_calls" (chat_completion/serving.py); SGLang says "tool_calls" for all.
+    named_stop = cfg.engine == "vllm" and script.choice == "named"
+    finish = "length" if cut else "tool_calls" if script.calls and not named_stop else "stop"
     stream = bool(body.get("stream"))
     options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+    include_usage = stream and bool(options.get("include_usage"))
     ttft, itl = int_marker(markers, "ttft_ms"), int_marker(markers, "itl_ms")
-    return Plan(tokens[:budget], "length" if len(tokens) > budget else "stop", prompt,
-                stream=stream, include_usage=stream and bool(options.get("include_usage")),
+    return Plan(steps, finish, prompt, calls=script.calls,
+                forced=script.choice in ("required", "named"), parser=script.parser,
+                cached=int_marker(markers, "cached"), logprobs=opts.logprobs,
+                top_logprobs=opts.top_logprobs, stream=stream, include_usage=include_usage,
+                continuous_usage=include_usage and bool(options.get("continuous_usage_stats")),
                 ttft_s=(cfg.ttft_ms if ttft is None else ttft) / 1000,
                 itl_s=(cfg.itl_ms if itl is None else itl) / 1000,
                 drop_after=int_marker(markers, "drop_after"), hang="hang" in markers)
 
 
-def usage_body(engine: str, prompt: int, completion: int, stream: bool) -> dict:
-    usage = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-             "completion_tokens": completion}
-    if engine == "sglang":  # SGLang UsageInfo always dumps both fields
-        return {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0}
-    # vLLM dumps non-stream responses in full, stream chunks with exclude_unset
-    return usage if stream else {**usage, "prompt_tokens_details": None}
+def _usage(cfg: SimConfig, plan: Plan, steps: list[Step], stream: bool) -> dict:
+    return usage_body(cfg.engine, plan.prompt_tokens, steps, stream, cached=plan.cached,
+                      parser=plan.parser)
 
 
 def completion_body(cfg: SimConfig, cid: str, created: int, plan: Plan) -> dict:
     """A non-stream chat.completion in the engine's shape."""
-    text = "".join(plan.tokens)
-    usage = usage_body(cfg.engine, plan.prompt_tokens, len(plan.tokens), False)
+    fields = message_fields(plan.steps, plan.calls, plan.forced)
+    usage = _usage(cfg, plan, plan.steps, False)
     body = {"id": cid, "object": "chat.completion", "created": created, "model": cfg.model}
+    logprobs = logprobs_body(plan.steps, 0, plan.top_logprobs) if plan.logprobs else None
     if cfg.engine == "sglang":
-        # SGLang protocol.py ChatCompletionResponseChoice / ChatMessage
+        # SGLang protocol.py ChatCompletionResponseChoice / ChatMessage / ToolCall
+        calls = [{"id": c.id, "index": i, "type": "function",
+                  "function": {"name": c.name, "arguments": args}}
+                 for i, c, args in fields["tool_calls"]]
         matched = SGLANG_EOS_TOKEN_ID if plan.finish_reason == "stop" else None
-        message = {"role": "assistant", "content": text, "reasoning_content": None,
-                   "tool_calls": None}
-        choice = {"index": 0, "message": message, "logprobs": None,
+        message = {"role": "assistant", "content": fields["content"],
+                   cfg.reasoning_key: fields["reasoning"], "tool_calls": calls or None}
+        if fields["refusal"] is not None:  # not an SGLang field: the OpenAI shape
+            message["refusal"] = fields["refusal"]
+        choice = {"index": 0, "message": message, "logprobs": logprobs,
                   "finish_reason": plan.finish_reason, "matched_stop": matched}
         return {**body, "choices": [choice], "usage": usage, "metadata": None}
-    # vLLM's ChatCompletionResponse, dumped in full (nulls included)
-    message = {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-               "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None}
-    choice = {"index": 0, "message": message, "logprobs": None,
+    # vLLM's ChatCompletionResponse dumped in full (nulls included); ChatMessage
+    # drops an empty tool_calls list (chat_completion/protocol.py)
+    message = {"role": "assistant", "content": fields["content"], "refusal": fields["refusal"],
+               "annotations": None, "audio": None, "function_call": None}
+    if fields["tool_calls"]:
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": args}}
+                                 for _, c, args in fields["tool_calls"]]
+    message[cfg.reasoning_key] = fields["reasoning"]
+    choice = {"index": 0, "message": message, "logprobs": logprobs,
               "finish_reason": plan.finish_reason, "stop_reason": None}
     return {**body, "choices": [choice], "service_tier": None, "system_fingerprint": None,
             "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
 
 
 def chunk_body(cfg: SimConfig, cid: str, created: int, delta: dict,
-               finish_reason: str | None = None) -> dict:
+               finish_reason: str | None = None, logprobs: dict | None = None,
+               usage: dict | None = None) -> dict:
     """One chat.completion.chunk. SGLang always sends `matched_stop` (its sse_utils.py
-    StreamChoice, used by serving_chat.py); vLLM adds `stop_reason` on the finish."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    StreamChoice, used by serving_chat.py) and a null `usage` on pydantic-dumped
+    tool-call chunks; vLLM adds `stop_reason` on the finish."""
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     if cfg.engine == "sglang":
         choice["matched_stop"] = SGLANG_EOS_TOKEN_ID if finish_reason == "stop" else None
     elif finish_reason is not None:
         choice["stop_reason"] = None
-    return {"id": cid, "object": "chat.completion.chunk", "created": created,
-            "model": cfg.model, "choices": [choice]}
+    chunk = {"id": cid, "object": "chat.completion.chunk", "created": created,
+             "model": cfg.model, "choices": [choice]}
+    if usage is not None or (cfg.engine == "sglang" and "tool_calls" in delta):
+        chunk["usage"] = usage
+    return chunk
 
 
 @dataclass
@@ -297,13 +279,22 @@ class SimWorker:
             self.slots.release()
 
     async def produce(self, plan: Plan):
-        """Yield tokens at the simulated inter-token pace (the caller waited
-        the time to first token), counting them; stop early at drop_after."""
-        for i, token in enumerate(plan.tokens[:plan.drop_after]):
-            if i and plan.itl_s:
-                await asyncio.sleep(plan.itl_s)
-            self.stats.generation_tokens += 1
-            yield token
+        """Yield steps at the simulated inter-token pace (the caller waited
+        the time to first token), counting tokens; stop early at drop_after."""
+        steps = plan.steps if plan.drop_after is None else cut_steps(plan.steps,
+                                                                      plan.drop_after)[0]
+        started = False
+        for step in steps:
+            if step.tokens:
+                if started and plan.itl_s:
+                    await asyncio.sleep(plan.itl_s)
+                started = True
+                self.stats.generation_tokens += 1
+            yield step
+
+    def _running(self, plan: Plan, sent: list[Step]) -> dict | None:
+        """Usage so far, on every chunk with stream_options.continuous_usage_stats."""
+        return _usage(self.cfg, plan, sent, True) if plan.continuous_usage else None
 
     def error(self, status: int, message: str, param: str | None = None) -> web.Response:
         return _json(error_body(self.cfg.engine, status, message, param), status)
@@ -343,7 +334,7 @@ class SimWorker:
                 pass
             if plan.drop_after is not None:
                 return _drop(request)
-            self.stats.success[plan.finish_reason] += 1
+            self.stats.success["length" if plan.finish_reason == "length" else "stop"] += 1
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         return _json(completion_body(self.cfg, cid, int(time.time()), plan))
 
@@ -358,20 +349,27 @@ class SimWorker:
                 if plan.hang:
                     await asyncio.Event().wait()  # cancelled when the client leaves
                 await asyncio.sleep(plan.ttft_s)
+                sent: list[Step] = []
                 first = {"role": "assistant", "content": ""}
-                await _send(resp, chunk_body(cfg, cid, created, first))
-                async for token in self.produce(plan):
-                    await _send(resp, chunk_body(cfg, cid, created, {"content": token}))
+                await _send(resp, chunk_body(cfg, cid, created, first, usage=self._running(
+                    plan, sent)))
+                async for step in self.produce(plan):
+                    logprobs = logprobs_body([step], sum(s.tokens for s in sent),
+                                             plan.top_logprobs) if plan.logprobs else None
+                    sent.append(step)
+                    delta = step_delta(cfg.engine, cfg.reasoning_key, step, plan.calls)
+                    await _send(resp, chunk_body(cfg, cid, created, delta, logprobs=logprobs,
+                                                 usage=self._running(plan, sent)))
                 if plan.drop_after is not None:
                     return _drop(request)
-                await _send(resp, chunk_body(cfg, cid, created, {}, plan.finish_reason))
+                await _send(resp, chunk_body(cfg, cid, created, {}, plan.finish_reason,
+                                             usage=self._running(plan, sent)))
                 if plan.include_usage:
-                    usage = usage_body(cfg.engine, plan.prompt_tokens, len(plan.tokens), True)
                     await _send(resp, {"id": cid, "object": "chat.completion.chunk",
                                        "created": created, "model": cfg.model, "choices": [],
-                                       "usage": usage})
+                                       "usage": _usage(cfg, plan, plan.steps, True)})
                 await resp.write(b"data: [DONE]\n\n")
-                self.stats.success[plan.finish_reason] += 1
+                self.stats.success["length" if plan.finish_reason == "length" else "stop"] += 1
             await resp.write_eof()
         except ConnectionResetError:
             pass  # the client left (a write failed); a disconnect while we sleep
@@ -432,6 +430,9 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--max-concurrency", type=int, default=64, help="generating at once")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--default-tokens", type=int, default=12, help="unless a marker says")
+    p.add_argument("--reasoning-field", choices=("reasoning", "reasoning_content"), default=None,
+                   help="the delta/message key for [sim:reason]; default: what the engine sends "
+                        "(vLLM 0.32: reasoning, SGLang: reasoning_content)")
     return SimConfig(**vars(p.parse_args(argv)))
 
 

@@ -22,8 +22,10 @@ from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
 from router.api.responses import ResponsesAPI
 from router.config import Config, PoolConfig
+from router.dialects.chat import ChatOptions
 from router.state.sqlite import SQLiteStore
 from router.state.store import Store
+from router.turns.route import ModelRoute
 
 log = logging.getLogger("router")
 
@@ -105,11 +107,13 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         )
         for cfg in config.pools
     }
-    models = {m.name: pools[m.pool] for m in config.models}
+    routes_by_model = {
+        m.name: ModelRoute(m.name, pools[m.pool], ChatOptions(**config.pool(m.pool).chat.model_dump())) for m in config.models
+    }
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
-        *ResponsesAPI(store=store, models=models, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
-        *MetaAPI(models=models, pools=list(pools.values()), auth=auth).routes(),
+        *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),
     ]
     app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app)

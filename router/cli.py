@@ -1,4 +1,4 @@
-"""``responses-router --config cfg.toml`` and ``responses-router sim ...``."""
+"""``responses-router --config cfg.toml``, ``responses-router sim ...`` and ``responses-router harmony-vocab DIR``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> None:
         from backends.sim import main as sim_main
 
         sim_main(argv[1:])
+        return
+    if argv[:1] == ["harmony-vocab"]:
+        from router.dialects.harmony_vocab import main as vocab_main
+
+        vocab_main(argv[1:])
         return
     parser = argparse.ArgumentParser(prog="responses-router", description="The OpenAI Responses API over vLLM/SGLang pools.")
     parser.add_argument("--config", required=True, help="TOML config file (see config.example.toml)")

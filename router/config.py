@@ -25,9 +25,40 @@ class ServerConfig(_Section):
 
 
 class StoreConfig(_Section):
-    kind: Literal["sqlite"] = "sqlite"
-    # Relative paths are resolved against the config file's folder.
+    # sqlite: one embedded file (one router process); postgres: shared by several replicas.
+    kind: Literal["sqlite", "postgres"] = "sqlite"
+    # sqlite: relative paths are resolved against the config file's folder.
     path: str = "responses.db"
+    # postgres: the DSN itself, or the name of an environment variable holding it
+    # (keeps a password out of the config file). Exactly one of the two.
+    dsn: str | None = None
+    dsn_env: str | None = None
+    pool_min: int = Field(1, ge=0)
+    pool_max: int = Field(10, ge=1)
+    # Stored responses expire this many seconds after they are created; None keeps them forever.
+    ttl_s: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _kind(self) -> StoreConfig:
+        if self.kind == "postgres":
+            if (self.dsn is None) == (self.dsn_env is None):
+                raise ValueError("a postgres store needs exactly one of dsn or dsn_env")
+        elif self.dsn is not None or self.dsn_env is not None:
+            raise ValueError("dsn and dsn_env are for kind = \"postgres\"")
+        if self.pool_min > self.pool_max:
+            raise ValueError(f"pool_min ({self.pool_min}) is above pool_max ({self.pool_max})")
+        return self
+
+    def resolved_dsn(self) -> str:
+        """The postgres DSN, read from the environment when ``dsn_env`` names it."""
+        if self.dsn is not None:
+            return self.dsn
+        import os
+
+        value = os.environ.get(self.dsn_env or "")
+        if not value:
+            raise ConfigError(f"store.dsn_env: environment variable {self.dsn_env!r} is not set")
+        return value
 
 
 class ApiKey(_Section):
@@ -71,6 +102,16 @@ class ManagedConfig(_Section):
         return self
 
 
+class ChatConfig(_Section):
+    """What a chat pool's engine and chat template accept (see router/dialects/chat.py)."""
+
+    system_messages: Literal["merge", "keep"] = "merge"
+    reasoning_field: Literal["reasoning_content", "reasoning"] | None = None
+    think_tags: bool = False
+    reasoning_effort_as: Literal["reasoning_effort", "enable_thinking", "thinking", "drop"] = "reasoning_effort"
+    accepts_files: bool = False
+
+
 class PoolConfig(_Section):
     name: str = Field(min_length=1)
     engine: Literal["vllm", "sglang", "sim"]
@@ -80,6 +121,7 @@ class PoolConfig(_Section):
     model: str = Field(min_length=1)
     urls: list[str] = []
     managed: ManagedConfig | None = None
+    chat: ChatConfig = ChatConfig()
     policy: Literal["round_robin", "least_in_flight"] = "least_in_flight"
     health_interval_s: float = Field(2.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)

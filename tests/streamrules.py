@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+PART_EVENTS = {
+    "response.output_text.delta", "response.output_text.done", "response.refusal.delta", "response.refusal.done",
+    "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+}
 
 
 def check_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -45,11 +49,16 @@ def check_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
             assert ev["output_index"] in added and ev["output_index"] not in done
             assert ev["item_id"] == added[ev["output_index"]]["id"]
             parts.add((ev["output_index"], ev["content_index"]))
-        elif kind in ("response.output_text.delta", "response.output_text.done", "response.content_part.done"):
+        elif kind in PART_EVENTS:
             key = (ev["output_index"], ev["content_index"])
             assert key in parts, f"{kind} before content_part.added at {key}"
             assert ev["item_id"] == added[ev["output_index"]]["id"]
             assert ev["output_index"] not in done, f"{kind} after output_item.done"
+        elif "output_index" in ev:
+            index = ev["output_index"]
+            assert index in added, f"{kind} before output_item.added at {index}"
+            assert index not in done, f"{kind} after output_item.done"
+            assert ev["item_id"] == added[index]["id"]
     assert terminal is not None, "no terminal event"
     response = terminal["response"]
     output = response["output"]

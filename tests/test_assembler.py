@@ -1,27 +1,36 @@
-"""The assembler and the chat dialect on plain data: no processes, no I/O."""
+"""The assembler on plain data: no processes, no I/O."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.dialects import chat
-from router.dialects.deltas import Delta, Finish, TextDelta, Usage
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.protocol.errors import UpstreamError
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_object
+from router.protocol.tools import build_toolset
 from router.turns.assembler import Assembler
 from tests.streamrules import check_stream, text_of
 
+TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    {"type": "custom", "name": "run_sql"},
+    {"type": "namespace", "name": "crm", "description": "CRM", "tools": [{"type": "function", "name": "find"}]},
+]
 
-def fresh() -> Assembler:
-    return Assembler(response_object(CreateResponse(model="m", input="hi"), response_id="resp_test", created_at=1))
+
+def fresh(summaries: bool = False) -> Assembler:
+    req = CreateResponse(model="m", input="hi", tools=TOOLS)
+    return Assembler(response_object(req, response_id="resp_test", created_at=1), tools=build_toolset(TOOLS, "auto"),
+                     summaries=summaries)
 
 
-def run(batches: list[list[Delta]]) -> tuple[list[dict], dict]:
-    asm = fresh()
+def run(batches: list[list[Delta]], summaries: bool = False) -> tuple[list[dict], dict]:
+    asm = fresh(summaries)
     events = asm.start()
     for batch in batches:
         events += asm.feed(batch)
@@ -29,63 +38,143 @@ def run(batches: list[list[Delta]]) -> tuple[list[dict], dict]:
     return events, asm.response
 
 
-texts = st.text(min_size=0, max_size=6)
-text_batches = st.lists(st.lists(texts.map(TextDelta), max_size=4), max_size=8)
-finish = st.sampled_from(["stop", "length"])
+# Random interleavings of every delta kind; a turn's tool calls reuse a few indexes.
+words = st.text(min_size=0, max_size=5)
+call_index = st.integers(0, 2)
+deltas = st.one_of(
+    words.map(TextDelta),
+    words.map(lambda t: TextDelta(t, phase="commentary")),
+    words.map(ReasoningDelta),
+    words.map(RefusalDelta),
+    st.tuples(call_index, st.sampled_from(["get_weather", "run_sql", "crm__find", "unknown"]), words).map(
+        lambda a: ToolCallDelta(a[0], f"call_{a[0]}", a[1], a[2])
+    ),
+)
+batches_st = st.lists(st.lists(deltas, max_size=4), max_size=8)
 
 
-@given(text_batches, finish, st.integers(0, 1000), st.integers(0, 1000))
-def test_streamed_events_rebuild_the_non_streamed_response(batches, reason, n_in, n_out) -> None:
-    batches = [*batches, [Finish(reason), Usage(n_in, n_out)]]
-    events, response = run(batches)
+def fix_call_fragments(batches: list[list[Delta]]) -> list[list[Delta]]:
+    """Only the first fragment of a call carries its id and name, as engines send them."""
+    seen: set[int] = set()
+    out = []
+    for batch in batches:
+        fixed = []
+        for d in batch:
+            if isinstance(d, ToolCallDelta):
+                if d.index in seen:
+                    d = ToolCallDelta(d.index, None, None, d.arguments)
+                seen.add(d.index)
+            fixed.append(d)
+        out.append(fixed)
+    return out
+
+
+@given(batches_st, st.sampled_from(["stop", "length", "tool_calls"]), st.integers(0, 99), st.integers(0, 99), st.booleans())
+def test_any_interleaving_obeys_the_rules_and_matches_non_stream(batches, reason, n_in, n_out, summaries) -> None:
+    batches = [*fix_call_fragments(batches), [Finish(reason), Usage(n_in, n_out, 1, 2)]]
+    events, response = run(batches, summaries)
     final = check_stream(events)
     assert final == response  # the terminal event carries exactly the final response
-    # Non-stream path: the same deltas all at once give the same response, apart from fresh ids.
-    _, whole = run([[d for batch in batches for d in batch]])
-    assert strip_ids(whole) == strip_ids(response)
-    # The text deltas add up to the item's text.
-    streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-    assert streamed == text_of(response) == "".join(d.text for b in batches for d in b if isinstance(d, TextDelta))
-    assert all(e["delta"] for e in events if e["type"] == "response.output_text.delta"), "empty delta events"
-    expected_status = "incomplete" if reason == "length" else "completed"
-    assert response["status"] == expected_status and response["output"][0]["status"] == expected_status
-    assert response["usage"]["total_tokens"] == n_in + n_out
+    _, whole = run([[d for batch in batches for d in batch]], summaries)
+    assert strip_ids(whole) == strip_ids(response)  # stream and non-stream give the same output
+    status = "incomplete" if reason == "length" else "completed"
+    assert response["status"] == status
+    assert response["usage"] == {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 1}, "output_tokens": n_out,
+                                 "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": n_in + n_out}
+    # Each kind of delta text ends up in its item, in order.
+    all_deltas = [d for b in batches for d in b]
+    streamed_text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert streamed_text == "".join(d.text for d in all_deltas if isinstance(d, TextDelta))
+    assert streamed_text == text_of(response)
+    reasoning = "".join(p["text"] for i in response["output"] if i["type"] == "reasoning" for p in i["content"])
+    assert reasoning == "".join(d.text for d in all_deltas if isinstance(d, ReasoningDelta))
+    calls = [i for i in response["output"] if i["type"] in ("function_call", "custom_tool_call")]
+    assert len({c["call_id"] for c in calls}) == len(calls)
+    for event in events:
+        if event["type"] in ("response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta"):
+            assert event["delta"], "empty delta event"
 
 
-@given(text_batches)
+@given(batches_st)
 def test_failure_keeps_partial_output(batches) -> None:
     asm = fresh()
     events = asm.start()
-    for batch in batches:
+    for batch in fix_call_fragments(batches):
         events += asm.feed(batch)
     events += asm.fail(UpstreamError("broke", code="upstream_stream_broken"))
     final = check_stream(events)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert final["status"] == "failed" and final["error"] == {"code": "upstream_stream_broken", "message": "broke"}
-    text = "".join(d.text for b in batches for d in b)
-    if text:
-        assert final["output"][0]["status"] == "incomplete" and text_of(final) == text
-    else:
-        assert final["output"] == []
+    if final["output"]:
+        assert final["output"][-1]["status"] == "incomplete"
 
 
 def test_event_sequence_of_a_text_response() -> None:
     events, _ = run([[TextDelta("Hel")], [TextDelta("lo")], [Finish("stop"), Usage(3, 2)]])
     assert [e["type"] for e in events] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed",
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed",
     ]
     added = events[2]["item"]
     assert added["status"] == "in_progress" and added["content"] == []
     assert events[3]["part"] == {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+
+def test_reasoning_then_text_with_summary() -> None:
+    events, response = run([[ReasoningDelta("think"), ReasoningDelta("ing")], [TextDelta("answer")], [Finish("stop")]], summaries=True)
+    check_stream(events)
+    reasoning, message = response["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": "thinking"}]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "thinking"}]
+    assert message["type"] == "message" and text_of(response) == "answer"
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_summary_text.done") < kinds.index("response.output_item.added", 4)
+    assert "response.reasoning_text.done" in kinds
+
+
+def test_parallel_function_calls_and_name_mapping() -> None:
+    events, response = run([
+        [ToolCallDelta(0, "call_a", "get_weather", '{"ci'), ToolCallDelta(0, None, None, 'ty": "Oslo"}')],
+        [ToolCallDelta(1, "call_b", "crm__find", "{}"), ToolCallDelta(2, "call_c", "run_sql", '{"input": "select 1"}')],
+        [Finish("tool_calls")],
+    ])
+    check_stream(events)
+    a, b, c = response["output"]
+    assert a == {"id": a["id"], "type": "function_call", "status": "completed", "call_id": "call_a", "name": "get_weather",
+                 "arguments": '{"city": "Oslo"}'}
+    assert a["id"].startswith("fc_") and json.loads(a["arguments"]) == {"city": "Oslo"}
+    assert b["name"] == "find" and b["namespace"] == "crm"
+    assert c["type"] == "custom_tool_call" and c["input"] == "select 1" and c["name"] == "run_sql"
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [e["arguments"] for e in done] == ['{"city": "Oslo"}', "{}"]
+    assert [e["input"] for e in events if e["type"] == "response.custom_tool_call_input.done"] == ["select 1"]
+    assert response["status"] == "completed"
+
+
+def test_refusal_and_logprobs() -> None:
+    lp = [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}]
+    events, response = run([[TextDelta("Hi", lp)], [RefusalDelta("no")], [Finish("stop")]])
+    check_stream(events)
+    (message,) = response["output"]
+    assert message["content"] == [
+        {"type": "output_text", "text": "Hi", "annotations": [], "logprobs": lp},
+        {"type": "refusal", "refusal": "no"},
+    ]
+    assert [e["delta"] for e in events if e["type"] == "response.refusal.delta"] == ["no"]
+    assert next(e for e in events if e["type"] == "response.output_text.delta")["logprobs"] == lp
+
+
+def test_phase_change_starts_a_new_message() -> None:
+    _, response = run([[TextDelta("working on it", phase="commentary")], [TextDelta("done")], [Finish("stop")]])
+    first, second = response["output"]
+    assert first["phase"] == "commentary" and "phase" not in second
+
+
+def test_length_cut_marks_open_items_incomplete() -> None:
+    _, response = run([[ToolCallDelta(0, "call_x", "get_weather", '{"ci')], [Finish("length")]])
+    assert response["status"] == "incomplete" and response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["output"][0]["status"] == "incomplete"
 
 
 def test_lifecycle_events_are_snapshots() -> None:
@@ -102,51 +191,6 @@ def test_empty_answer_is_still_a_message() -> None:
     events, response = run([[Finish("stop")]])
     check_stream(events)
     assert response["output"][0]["type"] == "message" and text_of(response) == ""
-
-
-# -- chat dialect ---------------------------------------------------------------
-
-
-def test_items_to_messages() -> None:
-    items = [
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "r", "annotations": []}]},
-    ]
-    assert chat.to_messages(items, "inst") == [
-        {"role": "system", "content": "inst"},
-        {"role": "system", "content": "d"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": "r"},
-    ]
-
-
-def test_chunks_and_completions_give_the_same_deltas() -> None:
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-        {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
-        {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": "length"}]},
-        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
-    ]
-    streamed = [d for c in chunks for d in chat.chunk_deltas(c)]
-    assert streamed == [TextDelta("Hi"), TextDelta(" there"), Finish("length"), Usage(5, 2)]
-    whole = chat.completion_deltas({
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi there"}, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 3}},
-    })
-    assert whole == [TextDelta("Hi there"), Finish("length"), Usage(5, 2, cached_tokens=3)]
-
-
-def test_chat_request_fields() -> None:
-    body = chat.chat_request([{"role": "user", "content": "x"}], model="m", stream=True, max_tokens=7, temperature=0.5, top_p=None)
-    assert body == {
-        "model": "m",
-        "messages": [{"role": "user", "content": "x"}],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "max_tokens": 7,
-        "temperature": 0.5,
-    }
 
 
 def strip_ids(response: dict) -> dict:

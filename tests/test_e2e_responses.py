@@ -49,10 +49,9 @@ def test_settings_reach_the_worker_and_are_echoed(client: openai.OpenAI) -> None
         max_output_tokens=4000,
         metadata={"team": "a", "run": "7"},
     )
+    # System and developer text merge into one leading system message (the pool's default).
     assert echoed(response) == [
-        {"role": "system", "content": "Be brief."},
-        {"role": "system", "content": "sys text"},
-        {"role": "system", "content": "dev text"},
+        {"role": "system", "content": "Be brief.\n\nsys text\n\ndev text"},
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": "first answer"},
         {"role": "user", "content": "second [sim:echo]"},

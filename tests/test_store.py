@@ -1,4 +1,10 @@
-"""SQLiteStore against the Store contract (router/state/store.py)."""
+"""The Store contract (router/state/store.py), run against every store.
+
+Each test taking ``backend`` runs once on SQLite (a temp file) and once on
+PostgreSQL (an empty schema in the throwaway database of tests/pg.py; the
+server must be reachable, these tests fail otherwise). Tests named
+``test_sqlite_*`` / ``test_postgres_*`` are about one store's internals.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +12,119 @@ import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
+from router.config import ConfigError, StoreConfig
+from router.state import make_store
+from router.state.postgres import PostgresStore
 from router.state.sqlite import SQLiteStore
-from router.state.store import Item, StoredResponse
+from router.state.store import Item, Store, StoredResponse
+from tests.pg import fresh_schema, pg_dsn  # noqa: F401  (pg_dsn is a fixture)
 
 T = TypeVar("T")
+Clock = Callable[[], float]
+NOW = 1_700_000_000
 
 
-def run(path: Path | str, body: Callable[[SQLiteStore], Awaitable[T]]) -> T:
-    """Open a store, run ``body`` with it, and always close it."""
+class Backend:
+    """One kind of store under test, plus raw access to what it wrote."""
 
-    async def main() -> T:
-        store = SQLiteStore(str(path))
-        await store.open()
-        try:
-            return await body(store)
-        finally:
-            await store.close()
+    kind: str
+    module: ModuleType
 
-    return asyncio.run(main())
+    def store(self, clock: Clock | None = None) -> Store:
+        raise NotImplementedError
+
+    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
+        """What is really in the items table, read through a second connection."""
+        raise NotImplementedError
+
+    def raw_count(self, table: str) -> int:
+        raise NotImplementedError
+
+    def run(self, body: Callable[[Any], Awaitable[T]], clock: Clock | None = None) -> T:
+        """Open a store, run ``body`` with it, and always close it."""
+
+        async def main() -> T:
+            store = self.store(clock)
+            await store.open()
+            try:
+                return await body(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(main())
+
+
+class SQLite(Backend):
+    kind, module = "sqlite", sqlite_mod
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def store(self, clock: Clock | None = None) -> Store:
+        return SQLiteStore(str(self.path), **({"clock": clock} if clock else {}))
+
+    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
+        with sqlite3.connect(self.path) as conn:
+            sql = "SELECT kind, position, item_id FROM items WHERE response_id = ? ORDER BY kind, position"
+            return conn.execute(sql, (rid,)).fetchall()
+
+    def raw_count(self, table: str) -> int:
+        with sqlite3.connect(self.path) as conn:
+            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+class Postgres(Backend):
+    kind, module = "postgres", postgres_mod
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def store(self, clock: Clock | None = None) -> Store:
+        return PostgresStore(self.dsn, min_size=1, max_size=8, **({"clock": clock} if clock else {}))
+
+    def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        async def main() -> list[tuple[Any, ...]]:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                return [tuple(r) for r in await conn.fetch(sql, *args)]
+            finally:
+                await conn.close()
+
+        return asyncio.run(main())
+
+    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
+        sql = "SELECT kind, position, item_id FROM items WHERE response_id = $1 ORDER BY kind, position"
+        return self.fetch(sql, rid)  # type: ignore[return-value]
+
+    def raw_count(self, table: str) -> int:
+        return self.fetch(f"SELECT count(*) FROM {table}")[0][0]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return SQLite(tmp_path / "store.db")
+    return Postgres(fresh_schema(request.getfixturevalue("pg_dsn")))
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> SQLite:
+    return SQLite(tmp_path / "store.db")
+
+
+@pytest.fixture
+def pg(pg_dsn: str) -> Postgres:  # noqa: F811
+    return Postgres(fresh_schema(pg_dsn))
 
 
 def msg(item_id: str, text: str = "", role: str = "user") -> Item:
@@ -45,6 +139,7 @@ def resp(
     inputs: list[Item] | None = None,
     outputs: list[Item] | None = None,
     status: str = "completed",
+    expires_at: int | None = None,
 ) -> StoredResponse:
     body: dict[str, Any] = {
         "id": rid,
@@ -61,47 +156,34 @@ def resp(
         status=status,
         body=body,
         input_items=inputs if inputs is not None else [msg(f"{rid}-in")],
+        expires_at=expires_at,
     )
 
 
-def raw_items(path: Path, rid: str) -> list[tuple[int, int, str | None]]:
-    """What is really in the items table, read through a second connection."""
-    with sqlite3.connect(path) as conn:
-        return conn.execute(
-            "SELECT kind, position, item_id FROM items WHERE response_id = ? ORDER BY kind, position", (rid,)
-        ).fetchall()
+async def ids(s: Store, rid: str, owner: str = "alice") -> list[str] | None:
+    history = await s.load_history(rid, owner)
+    return None if history is None else [i["id"] for i in history]
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
+# ---------------------------------------------------------------- the contract, on every store
 
 
-def test_roundtrip_wal_and_schema_version(db: Path) -> None:
+def test_roundtrip(backend: Backend) -> None:
     r = resp("resp_1")
 
-    async def body(s: SQLiteStore) -> None:
+    async def body(s: Store) -> None:
         await s.put_response(r)
         assert await s.get_response("resp_1", "alice") == r.body
         assert await s.get_response("nope", "alice") is None
+        assert await s.load_history("nope", "alice") is None
+        assert await s.list_input_items("nope", "alice") is None
+        assert await s.delete_response("nope", "alice") is False
 
-    run(db, body)
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_mod.MIGRATIONS)
-
-
-def test_memory_database_works() -> None:
-    async def body(s: SQLiteStore) -> None:
-        await s.put_response(resp("a"))
-        await s.put_response(resp("b", prev="a"))
-        assert [i["id"] for i in await s.load_history("b", "alice") or []] == ["a-in", "a-out", "b-in", "b-out"]
-
-    run(":memory:", body)
+    backend.run(body)
 
 
-def test_owner_isolation_on_every_method(db: Path) -> None:
-    async def body(s: SQLiteStore) -> None:
+def test_owner_isolation_on_every_method(backend: Backend) -> None:
+    async def body(s: Store) -> None:
         r = resp("resp_a")
         await s.put_response(r)
         assert await s.get_response("resp_a", "bob") is None
@@ -112,102 +194,104 @@ def test_owner_isolation_on_every_method(db: Path) -> None:
         with pytest.raises(PermissionError):
             await s.put_response(resp("resp_a", owner="bob", outputs=[msg("evil")]))
         assert await s.get_response("resp_a", "alice") == r.body
-        assert [i["id"] for i in await s.load_history("resp_a", "alice") or []] == ["resp_a-in", "resp_a-out"]
+        assert await ids(s, "resp_a") == ["resp_a-in", "resp_a-out"]
         # A chain never crosses owners: bob's response naming alice's as previous sees only its own items.
         await s.put_response(resp("resp_b", owner="bob", prev="resp_a"))
-        assert [i["id"] for i in await s.load_history("resp_b", "bob") or []] == ["resp_b-in", "resp_b-out"]
+        assert await ids(s, "resp_b", "bob") == ["resp_b-in", "resp_b-out"]
+        # ... not even in the middle: alice -> bob -> alice stops at bob's hop.
+        await s.put_response(resp("resp_c", prev="resp_b"))
+        assert await ids(s, "resp_c") == ["resp_c-in", "resp_c-out"]
 
-    run(db, body)
+    backend.run(body)
+    assert backend.raw_items("resp_a") == [(0, 0, "resp_a-in"), (1, 0, "resp_a-out")]
 
 
-def test_history_order_three_hops(db: Path) -> None:
-    async def body(s: SQLiteStore) -> list[Item] | None:
+def test_history_order_three_hops(backend: Backend) -> None:
+    async def body(s: Store) -> list[str] | None:
         # Written newest first to show order comes from the chain, not insertion.
         await s.put_response(resp("r3", prev="r2", inputs=[msg("r3-i0"), msg("r3-i1")], outputs=[msg("r3-o0")]))
         await s.put_response(resp("r2", prev="r1", inputs=[msg("r2-i0")], outputs=[msg("r2-o0"), msg("r2-o1")]))
         await s.put_response(resp("r1", inputs=[msg("r1-i0"), msg("r1-i1")], outputs=[msg("r1-o0")]))
         await s.put_response(resp("other", prev="r1"))  # a sibling branch must not leak in
-        return await s.load_history("r3", "alice")
+        return await ids(s, "r3")
 
-    history = run(db, body)
-    assert [i["id"] for i in history or []] == [
+    assert backend.run(body) == [
         "r1-i0", "r1-i1", "r1-o0",
         "r2-i0", "r2-o0", "r2-o1",
         "r3-i0", "r3-i1", "r3-o0",
     ]  # fmt: skip
 
 
-def test_response_without_items_has_empty_history(db: Path) -> None:
-    async def body(s: SQLiteStore) -> None:
+def test_history_orders_positions_numerically(backend: Backend) -> None:
+    """Twelve items: position 10 comes after 9, not after 1."""
+    inputs = [msg(f"i{k}") for k in range(12)]
+
+    async def body(s: Store) -> list[str] | None:
+        await s.put_response(resp("r", inputs=inputs, outputs=[msg(f"o{k}") for k in range(12)]))
+        return await ids(s, "r")
+
+    assert backend.run(body) == [f"i{k}" for k in range(12)] + [f"o{k}" for k in range(12)]
+
+
+def test_response_without_items_has_empty_history(backend: Backend) -> None:
+    async def body(s: Store) -> None:
         await s.put_response(resp("empty", inputs=[], outputs=[]))
         assert await s.load_history("empty", "alice") == []
         await s.put_response(resp("child", prev="empty"))
-        assert [i["id"] for i in await s.load_history("child", "alice") or []] == ["child-in", "child-out"]
+        assert await ids(s, "child") == ["child-in", "child-out"]
+        # An item-less response in the middle of a chain does not cut it.
+        await s.put_response(resp("root"))
+        await s.put_response(resp("mid", prev="root", inputs=[], outputs=[]))
+        await s.put_response(resp("leaf", prev="mid"))
+        assert await ids(s, "leaf") == ["root-in", "root-out", "leaf-in", "leaf-out"]
 
-    run(db, body)
+    backend.run(body)
 
 
-def test_thousand_long_chain(db: Path) -> None:
+def test_thousand_long_chain(backend: Backend) -> None:
     n = 1_000
 
-    async def body(s: SQLiteStore) -> list[Item] | None:
+    async def body(s: Store) -> list[str] | None:
         for k in range(n):
             await s.put_response(resp(f"r{k}", prev=f"r{k - 1}" if k else None))
-        return await s.load_history(f"r{n - 1}", "alice")
+        return await ids(s, f"r{n - 1}")
 
-    history = run(db, body)
+    history = backend.run(body)
     assert history is not None and len(history) == 2 * n
-    assert history[0]["id"] == "r0-in" and history[-1]["id"] == f"r{n - 1}-out"
-    assert [i["id"] for i in history[:4]] == ["r0-in", "r0-out", "r1-in", "r1-out"]
+    assert history[:4] == ["r0-in", "r0-out", "r1-in", "r1-out"] and history[-1] == f"r{n - 1}-out"
 
 
-def test_very_deep_chain_written_directly(db: Path) -> None:
-    """20,000 hops: the recursive CTE has no recursion limit to hit."""
-    n = 20_000
-    run(db, lambda s: s.get_response("x", "alice"))  # create the schema
-    with sqlite3.connect(db) as conn:
-        conn.executemany(
-            "INSERT INTO responses VALUES (?, 'alice', ?, 0, 'completed', x'7b7d')",
-            [(f"r{k}", f"r{k - 1}" if k else None) for k in range(n)],
-        )
-        conn.executemany(
-            "INSERT INTO items VALUES (?, 1, 0, ?, ?)", [(f"r{k}", f"o{k}", b'{"id":"o%d"}' % k) for k in range(n)]
-        )
-    history = run(db, lambda s: s.load_history(f"r{n - 1}", "alice"))
-    assert history is not None and [i["id"] for i in history] == [f"o{k}" for k in range(n)]
+def test_cycle_does_not_hang(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend.module, "MAX_CHAIN_DEPTH", 50)
 
-
-def test_cycle_does_not_hang(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_mod, "MAX_CHAIN_DEPTH", 50)
-
-    async def body(s: SQLiteStore) -> list[Item] | None:
+    async def body(s: Store) -> list[Item] | None:
         await s.put_response(resp("a"))
         await s.put_response(resp("b", prev="a"))
         await s.put_response(resp("a", prev="b"))  # a buggy upsert closes a loop
         return await s.load_history("b", "alice")
 
-    history = run(db, body)
+    history = backend.run(body)
     assert history is not None and len(history) == 2 * 51
 
 
-def test_upsert_replaces_items(db: Path) -> None:
-    async def body(s: SQLiteStore) -> None:
+def test_upsert_replaces_items(backend: Backend) -> None:
+    async def body(s: Store) -> None:
         await s.put_response(
             resp("r", status="in_progress", inputs=[msg("i0"), msg("i1")], outputs=[msg("o0"), msg("o1"), msg("o2")])
         )
         final = resp("r", inputs=[msg("j0")], outputs=[msg("p0")])
         await s.put_response(final)
         assert await s.get_response("r", "alice") == final.body
-        assert [i["id"] for i in await s.load_history("r", "alice") or []] == ["j0", "p0"]
+        assert await ids(s, "r") == ["j0", "p0"]
         page = await s.list_input_items("r", "alice")
         assert page is not None and [i["id"] for i in page.data] == ["j0"]
 
-    run(db, body)
-    assert raw_items(db, "r") == [(0, 0, "j0"), (1, 0, "p0")]
+    backend.run(body)
+    assert backend.raw_items("r") == [(0, 0, "j0"), (1, 0, "p0")]
 
 
-def test_delete_cascades_and_child_history_stops_at_gap(db: Path) -> None:
-    async def body(s: SQLiteStore) -> None:
+def test_delete_cascades_and_child_history_stops_at_gap(backend: Backend) -> None:
+    async def body(s: Store) -> None:
         await s.put_response(resp("r1"))
         await s.put_response(resp("r2", prev="r1"))
         await s.put_response(resp("r3", prev="r2"))
@@ -218,19 +302,19 @@ def test_delete_cascades_and_child_history_stops_at_gap(db: Path) -> None:
         assert await s.list_input_items("r2", "alice") is None
         # The child keeps its own data, and its chain ends at the gap.
         assert (await s.get_response("r3", "alice") or {})["previous_response_id"] == "r2"
-        assert [i["id"] for i in await s.load_history("r3", "alice") or []] == ["r3-in", "r3-out"]
-        assert [i["id"] for i in await s.load_history("r1", "alice") or []] == ["r1-in", "r1-out"]
+        assert await ids(s, "r3") == ["r3-in", "r3-out"]
+        assert await ids(s, "r1") == ["r1-in", "r1-out"]
 
-    run(db, body)
-    assert raw_items(db, "r2") == []  # cascade: the foreign key is enforced
-    assert len(raw_items(db, "r3")) == 2
+    backend.run(body)
+    assert backend.raw_items("r2") == []  # cascade: the foreign key is enforced
+    assert len(backend.raw_items("r3")) == 2
 
 
-def test_list_input_items_pagination(db: Path) -> None:
-    ids = ["a", "b", "c", "d", "e"]
+def test_list_input_items_pagination(backend: Backend) -> None:
+    item_ids = ["a", "b", "c", "d", "e"]
 
-    async def body(s: SQLiteStore) -> None:
-        await s.put_response(resp("r", inputs=[msg(i) for i in ids]))
+    async def body(s: Store) -> None:
+        await s.put_response(resp("r", inputs=[msg(i) for i in item_ids]))
 
         async def page(**kw: Any) -> tuple[list[str], bool]:
             p = await s.list_input_items("r", "alice", **kw)
@@ -245,8 +329,8 @@ def test_list_input_items_pagination(db: Path) -> None:
         assert await page(order="asc", limit=2) == (["a", "b"], True)
         assert await page(order="asc", limit=2, after="b") == (["c", "d"], True)
         assert await page(order="asc", limit=2, after="d") == (["e"], False)
-        assert await page(order="asc", limit=5) == (ids, False)
-        assert await page(order="asc", limit=4) == (ids[:4], True)
+        assert await page(order="asc", limit=5) == (item_ids, False)
+        assert await page(order="asc", limit=4) == (item_ids[:4], True)
         with pytest.raises(KeyError) as err:
             await s.list_input_items("r", "alice", after="zzz")
         assert err.value.args == ("zzz",)
@@ -254,52 +338,36 @@ def test_list_input_items_pagination(db: Path) -> None:
             await s.list_input_items("r", "alice", after="r-out")
         with pytest.raises(ValueError):
             await s.list_input_items("r", "alice", limit=0)
+        with pytest.raises(ValueError):
+            await s.list_input_items("r", "alice", order="sideways")  # type: ignore[arg-type]
+        # Unknown beats a bad ``after``: another owner learns nothing.
+        assert await s.list_input_items("r", "bob", after="zzz") is None
         await s.put_response(resp("none", inputs=[]))
         empty = await s.list_input_items("none", "alice")
         assert empty is not None and (empty.data, empty.has_more) == ([], False)
+        with pytest.raises(KeyError):
+            await s.list_input_items("none", "alice", after="a")
 
-    run(db, body)
-
-
-def test_failure_inside_transaction_rolls_back(db: Path) -> None:
-    """A failure after the response row and the item delete are written leaves the old version."""
-    old = resp("r", inputs=[msg("i0"), msg("i1")], outputs=[msg("o0")])
-    run(db, lambda s: s.put_response(old))
-    # Make the database itself refuse one insert, mid-way through put_response's transaction.
-    with sqlite3.connect(db) as conn:
-        conn.execute(
-            "CREATE TRIGGER boom BEFORE INSERT ON items WHEN NEW.item_id = 'bad' BEGIN SELECT RAISE(ABORT, 'boom'); END"
-        )
-    new = resp("r", status="failed", inputs=[msg("j0"), msg("j1")], outputs=[msg("p0"), msg("bad"), msg("p2")])
-
-    async def body(s: SQLiteStore) -> None:
-        with pytest.raises(sqlite3.IntegrityError, match="boom"):
-            await s.put_response(new)
-        assert await s.get_response("r", "alice") == old.body
-        assert [i["id"] for i in await s.load_history("r", "alice") or []] == ["i0", "i1", "o0"]
-        await s.put_response(resp("after", prev="r"))  # the connection is usable (no dangling transaction)
-
-    run(db, body)
-    assert raw_items(db, "r") == [(0, 0, "i0"), (0, 1, "i1"), (1, 0, "o0")]
+    backend.run(body)
 
 
-def test_unserializable_item_writes_nothing(db: Path) -> None:
+def test_unserializable_item_writes_nothing(backend: Backend) -> None:
     old = resp("r", inputs=[msg("i0")], outputs=[msg("o0")])
     bad = resp("r", inputs=[msg("j0")], outputs=[msg("p0"), {"type": "message", "id": "x", "content": {1, 2}}])
 
-    async def body(s: SQLiteStore) -> None:
+    async def body(s: Store) -> None:
         await s.put_response(old)
         with pytest.raises(TypeError):  # orjson.JSONEncodeError is a TypeError
             await s.put_response(bad)
         assert await s.get_response("r", "alice") == old.body
-        assert [i["id"] for i in await s.load_history("r", "alice") or []] == ["i0", "o0"]
+        assert await ids(s, "r") == ["i0", "o0"]
 
-    run(db, body)
-    assert raw_items(db, "r") == [(0, 0, "i0"), (1, 0, "o0")]
+    backend.run(body)
+    assert backend.raw_items("r") == [(0, 0, "i0"), (1, 0, "o0")]
 
 
-def test_concurrent_puts(db: Path) -> None:
-    async def body(s: SQLiteStore) -> None:
+def test_concurrent_puts(backend: Backend) -> None:
+    async def body(s: Store) -> None:
         distinct = [resp(f"r{k}", inputs=[msg(f"r{k}-i{j}") for j in range(3)]) for k in range(100)]
         # Many versions of one response racing: the winner must be whole, never a mix.
         versions = [resp("hot", outputs=[msg(f"v{v}-o{j}") for j in range(v % 4 + 1)]) for v in range(50)]
@@ -309,20 +377,16 @@ def test_concurrent_puts(db: Path) -> None:
         )
         for r in distinct:
             assert await s.get_response(r.id, "alice") == r.body
-            assert [i["id"] for i in await s.load_history(r.id, "alice") or []] == [
-                *(f"{r.id}-i{j}" for j in range(3)),
-                f"{r.id}-out",
-            ]
+            assert await ids(s, r.id) == [*(f"{r.id}-i{j}" for j in range(3)), f"{r.id}-out"]
         hot = await s.get_response("hot", "alice")
         assert hot is not None
-        history = await s.load_history("hot", "alice")
-        assert history == [msg("hot-in"), *hot["output"]]
+        assert await s.load_history("hot", "alice") == [msg("hot-in"), *hot["output"]]
 
-    run(db, body)
+    backend.run(body)
 
 
-def test_survives_close_and_reopen(db: Path) -> None:
-    async def write(s: SQLiteStore) -> None:
+def test_survives_close_and_reopen(backend: Backend) -> None:
+    async def write(s: Store) -> None:
         await s.put_response(resp("r1"))
         await s.put_response(resp("r2", prev="r1"))
         await s.close()
@@ -330,29 +394,15 @@ def test_survives_close_and_reopen(db: Path) -> None:
         with pytest.raises(RuntimeError):
             await s.get_response("r1", "alice")
 
-    run(db, write)
+    backend.run(write)
 
-    async def read(s: SQLiteStore) -> None:
+    async def read(s: Store) -> None:
         await s.open()  # a second open is a no-op
         assert (await s.get_response("r2", "alice") or {})["id"] == "r2"
-        assert [i["id"] for i in await s.load_history("r2", "alice") or []] == ["r1-in", "r1-out", "r2-in", "r2-out"]
+        assert await ids(s, "r2") == ["r1-in", "r1-out", "r2-in", "r2-out"]
 
-    run(db, read)
-    run(db, read)  # reopening again re-runs no migration
-
-
-def test_newer_schema_is_refused(db: Path) -> None:
-    with sqlite3.connect(db) as conn:
-        conn.execute(f"PRAGMA user_version = {len(sqlite_mod.MIGRATIONS) + 1}")
-
-    async def main() -> None:
-        store = SQLiteStore(str(db))
-        with pytest.raises(RuntimeError, match="newer"):
-            await store.open()
-        with pytest.raises(RuntimeError, match="not open"):
-            await store.get_response("x", "alice")
-
-    asyncio.run(main())
+    backend.run(read)
+    backend.run(read)  # reopening again re-runs no migration
 
 
 json_leaf = (
@@ -369,13 +419,290 @@ json_value = st.recursive(
 items = st.lists(st.dictionaries(st.text(max_size=8), json_value, max_size=4), max_size=8)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
 @given(inputs=items, outputs=items)
-def test_property_put_then_history_is_inputs_then_outputs(inputs: list[Item], outputs: list[Item]) -> None:
+def test_property_put_then_history_is_inputs_then_outputs(
+    backend: Backend, inputs: list[Item], outputs: list[Item]
+) -> None:
+    """Any JSON round-trips exactly (NUL characters, huge ints, float precision), in order.
+
+    The backend is shared by the examples: each one overwrites response "r".
+    """
     r = resp("r", inputs=inputs, outputs=outputs)
 
-    async def body(s: SQLiteStore) -> list[Item] | None:
+    async def body(s: Store) -> tuple[list[Item] | None, dict[str, Any] | None]:
         await s.put_response(r)
-        return await s.load_history("r", "alice")
+        return await s.load_history("r", "alice"), await s.get_response("r", "alice")
 
-    assert run(":memory:", body) == inputs + outputs
+    assert backend.run(body) == (inputs + outputs, r.body)
+
+
+# ---------------------------------------------------------------- retention
+
+
+def test_expired_response_is_not_found(backend: Backend) -> None:
+    async def body(s: Store) -> None:
+        await s.put_response(resp("past", expires_at=NOW - 1))
+        await s.put_response(resp("edge", expires_at=NOW))  # expires_at <= now: gone
+        await s.put_response(resp("future", expires_at=NOW + 1))
+        await s.put_response(resp("forever"))
+        for rid in ("past", "edge"):
+            assert await s.get_response(rid, "alice") is None
+            assert await s.load_history(rid, "alice") is None
+            assert await s.list_input_items(rid, "alice") is None
+            assert await s.list_input_items(rid, "alice", after="nope") is None
+        for rid in ("future", "forever"):
+            assert (await s.get_response(rid, "alice") or {})["id"] == rid
+            assert await ids(s, rid) == [f"{rid}-in", f"{rid}-out"]
+        # Ids stay unique while an expired response waits for the purge.
+        with pytest.raises(PermissionError):
+            await s.put_response(resp("past", owner="bob"))
+        # Its owner may write it again, with a new expiry: it is back.
+        await s.put_response(resp("past", expires_at=NOW + 60, outputs=[msg("again")]))
+        assert await ids(s, "past") == ["past-in", "again"]
+
+    backend.run(body, clock=lambda: NOW + 0.5)
+
+
+def test_chain_stops_at_an_expired_hop(backend: Backend) -> None:
+    async def body(s: Store) -> None:
+        await s.put_response(resp("r1"))
+        await s.put_response(resp("r2", prev="r1", expires_at=NOW - 10))
+        await s.put_response(resp("r3", prev="r2", expires_at=NOW + 10))
+        await s.put_response(resp("r4", prev="r3"))
+        assert await ids(s, "r4") == ["r3-in", "r3-out", "r4-in", "r4-out"]
+        assert await ids(s, "r1") == ["r1-in", "r1-out"]
+
+    backend.run(body, clock=lambda: NOW)
+    # Later r3 expires too: r4 stands alone.
+    assert backend.run(lambda s: ids(s, "r4"), clock=lambda: NOW + 10) == ["r4-in", "r4-out"]
+
+
+def test_delete_of_an_expired_response(backend: Backend) -> None:
+    async def body(s: Store) -> None:
+        await s.put_response(resp("old", expires_at=NOW - 1))
+        assert await s.delete_response("old", "bob") is False
+        assert await s.delete_response("old", "alice") is False  # already gone for the caller...
+
+    backend.run(body, clock=lambda: NOW)
+    assert backend.raw_items("old") == []  # ... and now gone from the disk too
+
+
+def test_purge_expired(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend.module, "PURGE_BATCH", 3)  # several batches
+
+    async def body(s: Store) -> None:
+        for k in range(10):  # two owners, one chain, expiring at NOW - 9 .. NOW
+            owner = "alice" if k % 2 else "bob"
+            await s.put_response(resp(f"x{k}", owner=owner, prev=f"x{k - 2}" if k > 1 else None, expires_at=NOW - k))
+        await s.put_response(resp("later", expires_at=NOW + 1))
+        await s.put_response(resp("forever", prev="x9"))
+        assert await s.purge_expired(NOW - 8) == 2  # x9, x8
+        assert await s.purge_expired(NOW) == 8
+        assert await s.purge_expired(NOW) == 0
+        assert await ids(s, "forever") == ["forever-in", "forever-out"]
+        assert await s.purge_expired(NOW + 1) == 1
+        assert (await s.get_response("forever", "alice") or {})["id"] == "forever"
+
+    backend.run(body, clock=lambda: 0)  # reads see nothing expired: only the purge's ``now`` counts
+    assert backend.raw_count("responses") == 1
+    assert backend.raw_count("items") == 2
+
+
+# ---------------------------------------------------------------- one store's own machinery
+
+
+def test_sqlite_wal_and_schema_version(sqlite_db: SQLite) -> None:
+    sqlite_db.run(lambda s: s.put_response(resp("r")))
+    with sqlite3.connect(sqlite_db.path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_mod.MIGRATIONS)
+
+
+def test_sqlite_migrates_a_v1_file(sqlite_db: SQLite) -> None:
+    """A file written before retention existed gets the expires_at column, data kept."""
+    with sqlite3.connect(sqlite_db.path) as conn:
+        for statement in sqlite_mod.MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO responses VALUES ('r', 'alice', NULL, 0, 'completed', '{\"id\":\"r\"}')")
+        conn.execute("PRAGMA user_version = 1")
+    assert sqlite_db.run(lambda s: s.get_response("r", "alice")) == {"id": "r"}
+    with sqlite3.connect(sqlite_db.path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_mod.MIGRATIONS)
+
+
+def test_sqlite_memory_database_works() -> None:
+    async def body(s: Store) -> None:
+        await s.put_response(resp("a"))
+        await s.put_response(resp("b", prev="a"))
+        assert await ids(s, "b") == ["a-in", "a-out", "b-in", "b-out"]
+
+    SQLite(Path(":memory:")).run(body)
+
+
+def test_sqlite_very_deep_chain_written_directly(sqlite_db: SQLite) -> None:
+    """20,000 hops: the recursive CTE has no recursion limit to hit."""
+    n = 20_000
+    sqlite_db.run(lambda s: s.get_response("x", "alice"))  # create the schema
+    with sqlite3.connect(sqlite_db.path) as conn:
+        conn.executemany(
+            "INSERT INTO responses (id, owner, previous_response_id, created_at, status, body)"
+            " VALUES (?, 'alice', ?, 0, 'completed', x'7b7d')",
+            [(f"r{k}", f"r{k - 1}" if k else None) for k in range(n)],
+        )
+        conn.executemany(
+            "INSERT INTO items VALUES (?, 1, 0, ?, ?)", [(f"r{k}", f"o{k}", b'{"id":"o%d"}' % k) for k in range(n)]
+        )
+    history = sqlite_db.run(lambda s: s.load_history(f"r{n - 1}", "alice"))
+    assert history is not None and [i["id"] for i in history] == [f"o{k}" for k in range(n)]
+
+
+def test_sqlite_failure_inside_transaction_rolls_back(sqlite_db: SQLite) -> None:
+    """A failure after the response row and the item delete are written leaves the old version."""
+    old = resp("r", inputs=[msg("i0"), msg("i1")], outputs=[msg("o0")])
+    sqlite_db.run(lambda s: s.put_response(old))
+    # Make the database itself refuse one insert, mid-way through put_response's transaction.
+    with sqlite3.connect(sqlite_db.path) as conn:
+        conn.execute(
+            "CREATE TRIGGER boom BEFORE INSERT ON items WHEN NEW.item_id = 'bad' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )
+    new = resp("r", status="failed", inputs=[msg("j0"), msg("j1")], outputs=[msg("p0"), msg("bad"), msg("p2")])
+
+    async def body(s: Store) -> None:
+        with pytest.raises(sqlite3.IntegrityError, match="boom"):
+            await s.put_response(new)
+        assert await s.get_response("r", "alice") == old.body
+        assert await ids(s, "r") == ["i0", "i1", "o0"]
+        await s.put_response(resp("after", prev="r"))  # the connection is usable (no dangling transaction)
+
+    sqlite_db.run(body)
+    assert sqlite_db.raw_items("r") == [(0, 0, "i0"), (0, 1, "i1"), (1, 0, "o0")]
+
+
+def test_sqlite_newer_schema_is_refused(sqlite_db: SQLite) -> None:
+    with sqlite3.connect(sqlite_db.path) as conn:
+        conn.execute(f"PRAGMA user_version = {len(sqlite_mod.MIGRATIONS) + 1}")
+
+    async def main() -> None:
+        store = sqlite_db.store()
+        with pytest.raises(RuntimeError, match="newer"):
+            await store.open()
+        with pytest.raises(RuntimeError, match="not open"):
+            await store.get_response("x", "alice")
+
+    asyncio.run(main())
+
+
+def test_postgres_replicas_migrate_at_once(pg: Postgres) -> None:
+    """Eight replicas opening a fresh database together: the advisory lock lets one migrate."""
+
+    async def main() -> None:
+        stores = [pg.store() for _ in range(8)]
+        await asyncio.gather(*(s.open() for s in stores))
+        try:
+            await stores[3].put_response(resp("r"))
+            assert (await stores[5].get_response("r", "alice") or {})["id"] == "r"
+        finally:
+            await asyncio.gather(*(s.close() for s in stores))
+
+    asyncio.run(main())
+    versions = [v for (v,) in pg.fetch("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == list(range(1, len(postgres_mod.MIGRATIONS) + 1))
+
+
+def test_postgres_very_deep_chain_written_directly(pg: Postgres) -> None:
+    """20,000 hops in one recursive query."""
+    n = 20_000
+    pg.run(lambda s: s.get_response("x", "alice"))  # create the schema
+    pg.fetch(
+        "INSERT INTO responses (id, owner, previous_response_id, created_at, status, body)"
+        " SELECT 'r' || k, 'alice', CASE WHEN k > 0 THEN 'r' || (k - 1) END, 0, 'completed', '\\x7b7d'::bytea"
+        " FROM generate_series(0, $1 - 1) AS k",
+        n,
+    )
+    pg.fetch(
+        "INSERT INTO items SELECT 'r' || k, 1, 0, 'o' || k, convert_to('{\"id\":\"o' || k || '\"}', 'UTF8')"
+        " FROM generate_series(0, $1 - 1) AS k",
+        n,
+    )
+    history = pg.run(lambda s: s.load_history(f"r{n - 1}", "alice"))
+    assert history is not None and [i["id"] for i in history] == [f"o{k}" for k in range(n)]
+
+
+def test_postgres_failure_inside_transaction_rolls_back(pg: Postgres) -> None:
+    """The database refuses one item mid-way through put_response: the old version stays whole."""
+    old = resp("r", inputs=[msg("i0"), msg("i1")], outputs=[msg("o0")])
+    pg.run(lambda s: s.put_response(old))
+    pg.fetch(
+        """CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.item_id = 'bad' THEN RAISE EXCEPTION 'boom'; END IF;
+            RETURN NEW;
+        END $$"""
+    )
+    pg.fetch("CREATE TRIGGER boom BEFORE INSERT ON items FOR EACH ROW EXECUTE FUNCTION boom()")
+    new = resp("r", status="failed", inputs=[msg("j0"), msg("j1")], outputs=[msg("p0"), msg("bad"), msg("p2")])
+
+    async def body(s: Store) -> None:
+        with pytest.raises(asyncpg.RaiseError, match="boom"):
+            await s.put_response(new)
+        assert await s.get_response("r", "alice") == old.body
+        assert await ids(s, "r") == ["i0", "i1", "o0"]
+        # The pool's connections are usable (no transaction left open on any of them).
+        await asyncio.gather(*(s.put_response(resp(f"after{k}", prev="r")) for k in range(10)))
+        assert await ids(s, "after7") == ["i0", "i1", "o0", "after7-in", "after7-out"]
+
+    pg.run(body)
+    assert pg.raw_items("r") == [(0, 0, "i0"), (0, 1, "i1"), (1, 0, "o0")]
+
+
+def test_postgres_newer_schema_is_refused(pg: Postgres) -> None:
+    pg.run(lambda s: s.get_response("x", "alice"))
+    pg.fetch("INSERT INTO schema_migrations (version) VALUES ($1)", len(postgres_mod.MIGRATIONS) + 1)
+
+    async def main() -> None:
+        store = pg.store()
+        with pytest.raises(RuntimeError, match="newer"):
+            await store.open()
+        with pytest.raises(RuntimeError, match="not open"):
+            await store.get_response("x", "alice")
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_make_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sqlite_store = make_store(StoreConfig(path="var/nested/r.db"), tmp_path)
+    assert isinstance(sqlite_store, SQLiteStore) and sqlite_store.path == str(tmp_path / "var/nested/r.db")
+    assert (tmp_path / "var/nested").is_dir()
+    assert isinstance(memory := make_store(StoreConfig(path=":memory:"), tmp_path), SQLiteStore)
+    assert memory.path == ":memory:"
+
+    config = StoreConfig(kind="postgres", dsn_env="RR_TEST_DSN", pool_min=2, pool_max=5, ttl_s=3600)
+    with pytest.raises(ConfigError, match="RR_TEST_DSN"):
+        make_store(config, tmp_path)
+    monkeypatch.setenv("RR_TEST_DSN", "postgresql://u@h/db")
+    pg_store = make_store(config, tmp_path)
+    assert isinstance(pg_store, PostgresStore)
+    assert (pg_store.dsn, pg_store.min_size, pg_store.max_size) == ("postgresql://u@h/db", 2, 5)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "postgres"},
+        {"kind": "postgres", "dsn": "postgresql://h/db", "dsn_env": "X"},
+        {"dsn": "postgresql://h/db"},
+        {"kind": "postgres", "dsn": "postgresql://h/db", "pool_min": 4, "pool_max": 2},
+        {"ttl_s": 0},
+        {"kind": "mysql"},
+    ],
+)
+def test_store_config_refuses(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        StoreConfig(**fields)

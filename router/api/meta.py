@@ -12,7 +12,7 @@ from router.api.http import json_response
 
 
 class MetaAPI:
-    def __init__(self, *, models: dict[str, Pool], pools: list[Pool], auth: Authenticator) -> None:
+    def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator) -> None:
         self.models = models
         self.pools = pools
         self.auth = auth

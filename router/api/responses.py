@@ -8,7 +8,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from backends.pools import Pool
 from router.api.auth import Authenticator
 from router.api.http import json_response, parse_model, read_body
 from router.api.sse import SSE_HEADERS, sse_body
@@ -18,14 +17,16 @@ from router.protocol.items import normalize_input
 from router.protocol.requests import CreateResponse, check_supported
 from router.protocol.shapes import response_object
 from router.state.store import Store
-from router.turns.history import load_history
+from router.protocol.tools import build_toolset
+from router.turns.history import check_tool_outputs, load_history, resolve_input
+from router.turns.route import ModelRoute
 from router.turns.runner import ResponseRun
 
 
 class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes and the key check."""
 
-    def __init__(self, *, store: Store, models: dict[str, Pool], auth: Authenticator, max_body_bytes: int) -> None:
+    def __init__(self, *, store: Store, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int) -> None:
         self.store = store
         self.models = models
         self.auth = auth
@@ -43,16 +44,20 @@ class ResponsesAPI:
         owner = self.auth.owner(request)
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
         check_supported(req)
-        pool = self.models.get(req.model)
-        if pool is None:
+        route = self.models.get(req.model)
+        if route is None:
             raise NotFound(f"The model '{req.model}' does not exist.", param="model", code="model_not_found")
+        tools = build_toolset(req.tools, req.tool_choice)
         input_items = normalize_input(req.input)
         history = await load_history(self.store, req.previous_response_id, owner)
+        input_items = resolve_input(history, input_items)
         if not input_items and not history:
             raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
+        prompt_items = history + input_items
+        check_tool_outputs(prompt_items)
         run = ResponseRun(
-            req=req, owner=owner, pool=pool, store=self.store, history=history, input_items=input_items,
-            response=response_object(req, response_id=response_id()),
+            req=req, owner=owner, route=route, store=self.store, tools=tools, prompt_items=prompt_items,
+            input_items=input_items, response=response_object(req, response_id=response_id()),
         )
         if not req.stream:
             return json_response(await run.complete())

@@ -1,91 +1,257 @@
 """Responses items <-> chat completions, as vLLM and SGLang speak them.
 
-Pure translation: no I/O, so it is tested on plain data.
+Pure translation: no I/O, so it is tested on plain data. ``to_messages`` and
+``build_request`` make the worker's request; ``ChatDecoder`` turns its
+answer (streamed chunks or one whole completion) into normalized deltas.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from router.dialects.deltas import Delta, Finish, TextDelta, Usage
+import orjson
+
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
+from router.dialects.think import ThinkSplitter
+from router.protocol.errors import InvalidRequest
+from router.protocol.ids import new_id
 from router.protocol.items import Item
+from router.protocol.requests import CreateResponse
+from router.protocol.tools import ToolSet, engine_name
 
-# Roles a chat template reliably knows; "developer" is OpenAI's newer name for system.
-_CHAT_ROLE = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+ReasoningEffortAs = Literal["reasoning_effort", "enable_thinking", "thinking", "drop"]
 
 
-def to_messages(items: list[Item], instructions: str | None) -> list[dict[str, Any]]:
-    """Items (history + this turn's input) -> chat messages, instructions first."""
-    messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """What a pool's engine and chat template accept (set per pool in config)."""
+
+    # "merge": all system/developer text becomes ONE leading system message (many templates allow no other).
+    system_messages: Literal["merge", "keep"] = "merge"
+    # The assistant field that gives the model its earlier reasoning back; None: reasoning stays out of the prompt.
+    reasoning_field: str | None = None
+    # The model writes its reasoning inside <think>...</think> in the content (served without a reasoning parser).
+    think_tags: bool = False
+    # How reasoning.effort reaches the engine: a top-level field, a chat_template_kwargs switch, or not at all.
+    reasoning_effort_as: ReasoningEffortAs = "reasoning_effort"
+    # Whether the engine takes "file" content parts.
+    accepts_files: bool = False
+
+
+# -- request --------------------------------------------------------------------------
+
+
+def to_messages(items: list[Item], instructions: str | None, options: ChatOptions) -> list[dict[str, Any]]:
+    """Items (history + this turn's input, references resolved) -> chat messages."""
+    system: list[str] = [instructions] if instructions else []
+    out: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    prev = None  # the previous item's type: tool calls merge into the assistant message of their turn
     for item in items:
-        if item.get("type") == "message":
-            messages.append({"role": _CHAT_ROLE[item["role"]], "content": _content(item["content"])})
-    return messages
+        kind = item["type"]
+        if kind == "message":
+            role = item["role"]
+            if role in ("system", "developer"):
+                text = _text(item["content"])
+                if options.system_messages == "merge":
+                    system.append(text)
+                else:
+                    out.append({"role": "system", "content": text})
+            elif role == "user":
+                out.append({"role": "user", "content": _user_content(item["content"], options)})
+            else:
+                out.append(_assistant(_text(item["content"]), reasoning, options))
+                reasoning = []
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _tool_call(item)
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and prev in ("message", "function_call", "custom_tool_call"):
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({**_assistant(None, reasoning, options), "tool_calls": [call]})
+                reasoning = []
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _tool_content(item["output"], options)})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            reasoning.extend(p["text"] for p in parts)
+        prev = kind
+    if not system:
+        return out
+    # merge: every system text; keep: only the instructions (other system messages stayed in place).
+    return [{"role": "system", "content": "\n\n".join(system)}, *out]
 
 
-def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    texts = [p["text"] if "text" in p else p.get("refusal", "") for p in parts]
-    if len(texts) == 1:
-        return texts[0]
-    return [{"type": "text", "text": text} for text in texts]
+def _assistant(content: str | None, reasoning: list[str], options: ChatOptions) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning and options.reasoning_field:
+        message[options.reasoning_field] = "".join(reasoning)
+    return message
 
 
-def chat_request(
-    messages: list[dict[str, Any]],
-    *,
-    model: str,
-    stream: bool,
-    max_tokens: int | None,
-    temperature: float | None,
-    top_p: float | None,
-    request_id: str | None = None,
+def _tool_call(item: Item) -> dict[str, Any]:
+    if item["type"] == "custom_tool_call":
+        arguments = orjson.dumps({"input": item["input"]}).decode()
+    else:
+        arguments = item["arguments"]
+    return {"id": item["call_id"], "type": "function",
+            "function": {"name": engine_name(item["name"], item.get("namespace")), "arguments": arguments}}
+
+
+def _text(parts: list[Item]) -> str:
+    return "".join(p.get("text") if "text" in p else p.get("refusal", "") for p in parts)
+
+
+def _user_content(parts: list[Item], options: ChatOptions) -> str | list[dict[str, Any]]:
+    if len(parts) == 1 and parts[0]["type"] == "input_text":
+        return parts[0]["text"]
+    return [_chat_part(p, options) for p in parts]
+
+
+def _chat_part(part: Item, options: ChatOptions) -> dict[str, Any]:
+    kind = part["type"]
+    if kind == "input_text":
+        return {"type": "text", "text": part["text"]}
+    if kind == "input_image":
+        return {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail", "auto")}}
+    if kind == "input_file" and options.accepts_files:
+        file = {k: part[k] for k in ("file_data", "filename") if k in part}
+        if "file_url" in part:
+            file["file_url"] = part["file_url"]
+        return {"type": "file", "file": file}
+    raise InvalidRequest("input_file is not accepted by the engine serving this model", param="input",
+                         code="unsupported_content_type")
+
+
+def _tool_content(output: str | list[Item], options: ChatOptions) -> str | list[dict[str, Any]]:
+    if isinstance(output, str):
+        return output
+    if all(p["type"] == "input_text" for p in output):
+        return "".join(p["text"] for p in output)
+    return [_chat_part(p, options) for p in output]
+
+
+def build_request(
+    req: CreateResponse, messages: list[dict[str, Any]], tools: ToolSet, options: ChatOptions, *, model: str, stream: bool
 ) -> dict[str, Any]:
+    """The chat-completions body for one turn: every Responses setting mapped or refused, none dropped."""
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    if temperature is not None:
-        body["temperature"] = temperature
-    if top_p is not None:
-        body["top_p"] = top_p
-    if request_id is not None:
-        body["request_id"] = request_id
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["top_p"] = req.top_p
+    if tools.offered and tools.choice.mode != "none":
+        body["tools"] = [_chat_tool(t) for t in tools.offered]
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": tools.choice.forced}} if tools.choice.forced else tools.choice.mode
+        )
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    fmt = (req.text or {}).get("format") or {"type": "text"}
+    if fmt["type"] == "json_schema":
+        schema = {"name": fmt.get("name") or "output", "schema": fmt.get("schema") or {}}
+        if fmt.get("strict") is not None:
+            schema["strict"] = fmt["strict"]
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif fmt["type"] == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    _reasoning_switch(body, (req.reasoning or {}).get("effort"), options)
+    if req.top_logprobs or "message.output_text.logprobs" in (req.include or ()):
+        body["logprobs"] = True
+        body["top_logprobs"] = req.top_logprobs or 0
     return body
 
 
-def chunk_deltas(chunk: dict[str, Any]) -> list[Delta]:
-    """One streamed ``chat.completion.chunk`` -> deltas."""
-    out: list[Delta] = []
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
+def _chat_tool(tool: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.engine_name, "parameters": tool.parameters}
+    if tool.description:
+        function["description"] = tool.description
+    if tool.strict:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _reasoning_switch(body: dict[str, Any], effort: str | None, options: ChatOptions) -> None:
+    if effort is None or options.reasoning_effort_as == "drop":
+        return
+    if options.reasoning_effort_as == "reasoning_effort":
+        body["reasoning_effort"] = effort
+    else:  # Qwen3/GLM templates read enable_thinking, DeepSeek/Kimi read thinking
+        body["chat_template_kwargs"] = {options.reasoning_effort_as: effort not in ("none", "minimal")}
+
+
+# -- answer -----------------------------------------------------------------------------
+
+
+class ChatDecoder:
+    """Chat chunks -> deltas, for one response; holds the per-request parsing state."""
+
+    def __init__(self, options: ChatOptions) -> None:
+        self._think = ThinkSplitter() if options.think_tags else None
+        self._calls: dict[int, int] = {}  # the engine's tool-call index -> ours
+
+    def chunk(self, chunk: dict[str, Any]) -> list[Delta]:
+        """One streamed ``chat.completion.chunk``."""
+        out: list[Delta] = []
+        for choice in chunk.get("choices") or ():
+            self._message(choice.get("delta") or {}, choice.get("logprobs"), out)
+            reason = choice.get("finish_reason")
+            if reason:
+                self._flush(out)
+                out.append(Finish(_finish(reason)))
+        usage = chunk.get("usage")
+        if usage:
+            out.append(_usage(usage))
+        return out
+
+    def completion(self, body: dict[str, Any]) -> list[Delta]:
+        """A whole non-streamed ``chat.completion``: the same deltas a stream would give."""
+        out: list[Delta] = []
+        for choice in body.get("choices") or ():
+            message = dict(choice.get("message") or {})
+            calls = message.get("tool_calls") or []
+            message["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls)]
+            self._message(message, choice.get("logprobs"), out)
+            self._flush(out)
+            out.append(Finish(_finish(choice.get("finish_reason") or "stop")))
+        usage = body.get("usage")
+        if usage:
+            out.append(_usage(usage))
+        return out
+
+    def _message(self, delta: dict[str, Any], logprobs: Any, out: list[Delta]) -> None:
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning:
+            out.append(ReasoningDelta(reasoning))
         content = delta.get("content")
         if content:
-            out.append(TextDelta(content))
-        reason = choice.get("finish_reason")
-        if reason:
-            out.append(Finish(_finish(reason)))
-    usage = chunk.get("usage")
-    if usage:
-        out.append(_usage(usage))
-    return out
+            if self._think is not None:
+                out.extend(self._think.feed(content))
+            else:
+                out.append(TextDelta(content, (logprobs or {}).get("content") or None))
+        refusal = delta.get("refusal")
+        if refusal:
+            out.append(RefusalDelta(refusal))
+        for call in delta.get("tool_calls") or ():
+            out.append(self._tool_call(call))
 
+    def _tool_call(self, call: dict[str, Any]) -> ToolCallDelta:
+        engine_index = call.get("index", 0)
+        function = call.get("function") or {}
+        ours = self._calls.get(engine_index)
+        if ours is None:
+            ours = self._calls[engine_index] = len(self._calls)
+            # Our own call ids: unique across a conversation whatever the engine sends.
+            return ToolCallDelta(ours, new_id("call"), function.get("name") or "", function.get("arguments") or "")
+        return ToolCallDelta(ours, None, None, function.get("arguments") or "")
 
-def completion_deltas(body: dict[str, Any]) -> list[Delta]:
-    """A whole non-streamed ``chat.completion`` -> the same deltas a stream would give."""
-    out: list[Delta] = []
-    for choice in body.get("choices") or ():
-        message = choice.get("message") or {}
-        content = message.get("content")
-        if content:
-            out.append(TextDelta(content))
-        out.append(Finish(_finish(choice.get("finish_reason") or "stop")))
-    usage = body.get("usage")
-    if usage:
-        out.append(_usage(usage))
-    return out
+    def _flush(self, out: list[Delta]) -> None:
+        if self._think is not None:
+            out.extend(self._think.flush())
 
 
 def _finish(reason: str) -> Any:
@@ -93,10 +259,11 @@ def _finish(reason: str) -> Any:
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
-    details = usage.get("prompt_tokens_details") or {}
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
     return Usage(
         input_tokens=int(usage.get("prompt_tokens") or 0),
         output_tokens=int(usage.get("completion_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0),
-        reasoning_tokens=int(usage.get("reasoning_tokens") or 0),
+        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or usage.get("reasoning_tokens") or 0),
     )

@@ -7,21 +7,24 @@ the router cannot handle is a 400 that names it, never silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from router.protocol.errors import InvalidRequest
-from router.protocol.ids import message_id
+from router.protocol.ids import new_id
 
 Item = dict[str, Any]
 
 INPUT_ROLES = ("user", "system", "developer")
 ROLES = (*INPUT_ROLES, "assistant")
+STATUSES = ("in_progress", "completed", "incomplete")
+PHASES = ("commentary", "final_answer")
 
 
 def normalize_input(value: str | list[Any]) -> list[Item]:
     """The request's ``input`` as canonical items, each with an ``id``."""
     if isinstance(value, str):
-        return [_message("user", [_text_part("input_text", value)], None)]
+        return [_message("user", [{"type": "input_text", "text": value}], None)]
     return [normalize_item(raw, f"input[{i}]") for i, raw in enumerate(value)]
 
 
@@ -29,15 +32,22 @@ def normalize_item(raw: Any, where: str) -> Item:
     if not isinstance(raw, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     kind = raw.get("type")
-    if kind is None and "role" in raw:
-        kind = "message"
-    if kind == "message":
-        return _normalize_message(raw, where)
     if kind is None:
-        raise InvalidRequest(f"{where} has no 'type'", param=f"{where}.type")
-    raise InvalidRequest(
-        f"input item type {kind!r} is not supported by this router", param=f"{where}.type", code="unsupported_item_type"
-    )
+        if "role" in raw:
+            kind = "message"
+        elif set(raw) == {"id"}:
+            kind = "item_reference"
+        else:
+            raise InvalidRequest(f"{where} has no 'type'", param=f"{where}.type")
+    normalizer = _NORMALIZERS.get(kind)
+    if normalizer is None:
+        raise InvalidRequest(
+            f"input item type {kind!r} is not supported by this router", param=f"{where}.type", code="unsupported_item_type"
+        )
+    return normalizer(raw, where)
+
+
+# -- messages ------------------------------------------------------------------
 
 
 def _normalize_message(raw: Item, where: str) -> Item:
@@ -46,50 +56,169 @@ def _normalize_message(raw: Item, where: str) -> Item:
         raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})", param=f"{where}.role")
     content = raw.get("content")
     if isinstance(content, str):
-        parts = [_text_part("output_text" if role == "assistant" else "input_text", content)]
+        parts = [{"type": "output_text", "text": content, "annotations": []} if role == "assistant" else {"type": "input_text", "text": content}]
     elif isinstance(content, list):
         parts = [_normalize_part(part, role, f"{where}.content[{j}]") for j, part in enumerate(content)]
     else:
         raise InvalidRequest(f"{where}.content must be a string or a list of parts", param=f"{where}.content")
-    return _message(role, parts, raw.get("id"), raw.get("status"))
+    item = _message(role, parts, raw.get("id"), raw.get("status"))
+    phase = raw.get("phase")
+    if phase is not None:
+        if phase not in PHASES:
+            raise InvalidRequest(f"{where}.phase must be one of {', '.join(PHASES)}", param=f"{where}.phase")
+        item["phase"] = phase
+    return item
 
 
 def _normalize_part(part: Any, role: str, where: str) -> Item:
     if not isinstance(part, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     kind = part.get("type")
-    text = part.get("text")
     if role == "assistant":
-        if kind in ("output_text", "input_text", None) and isinstance(text, str):
-            return _text_part("output_text", text, part.get("annotations"), part.get("logprobs"))
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            return {"type": "refusal", "refusal": part["refusal"]}
-    elif kind in ("input_text", None) and isinstance(text, str):
-        return _text_part("input_text", text)
-    if kind in ("input_text", "output_text") and not isinstance(text, str):
-        raise InvalidRequest(f"{where}.text must be a string", param=f"{where}.text")
+        if kind in ("output_text", "input_text", None):
+            out: Item = {"type": "output_text", "text": _str(part, "text", where), "annotations": part.get("annotations") or []}
+            if part.get("logprobs"):
+                out["logprobs"] = part["logprobs"]
+            return out
+        if kind == "refusal":
+            return {"type": "refusal", "refusal": _str(part, "refusal", where)}
+    elif kind in ("input_text", None):
+        return {"type": "input_text", "text": _str(part, "text", where)}
+    elif kind == "input_image":
+        return _image_part(part, where)
+    elif kind == "input_file":
+        return _file_part(part, where)
     raise InvalidRequest(
         f"content part type {kind!r} is not supported for role {role!r}", param=f"{where}.type", code="unsupported_content_type"
     )
 
 
-def _text_part(kind: str, text: str, annotations: Any = None, logprobs: Any = None) -> Item:
-    if kind == "input_text":
-        return {"type": "input_text", "text": text}
-    part: Item = {"type": "output_text", "text": text, "annotations": annotations or []}
-    if logprobs:
-        part["logprobs"] = logprobs
-    return part
+def _image_part(part: Item, where: str) -> Item:
+    url = part.get("image_url")
+    if part.get("file_id") and not url:
+        raise InvalidRequest("input_image by file_id needs the Files API, which this router does not serve; send image_url",
+                             param=f"{where}.file_id", code="unsupported_parameter")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://", "data:")):
+        raise InvalidRequest(f"{where}.image_url must be an http(s) or data: URL", param=f"{where}.image_url")
+    return {"type": "input_image", "image_url": url, "detail": part.get("detail") or "auto"}
+
+
+def _file_part(part: Item, where: str) -> Item:
+    if part.get("file_id") and not (part.get("file_data") or part.get("file_url")):
+        raise InvalidRequest("input_file by file_id needs the Files API, which this router does not serve; send file_data or file_url",
+                             param=f"{where}.file_id", code="unsupported_parameter")
+    out: Item = {"type": "input_file"}
+    for key in ("file_data", "file_url", "filename"):
+        if part.get(key) is not None:
+            out[key] = _str(part, key, where)
+    if "file_data" not in out and "file_url" not in out:
+        raise InvalidRequest(f"{where} needs file_data or file_url", param=where)
+    return out
 
 
 def _message(role: str, parts: list[Item], item_id: Any, status: Any = None) -> Item:
     return {
         "type": "message",
-        "id": item_id if isinstance(item_id, str) and item_id else message_id(),
+        "id": _id(item_id, "msg"),
         "role": role,
-        "status": status if status in ("in_progress", "completed", "incomplete") else "completed",
+        "status": status if status in STATUSES else "completed",
         "content": parts,
     }
+
+
+# -- tool calls and their outputs ------------------------------------------------
+
+
+def _normalize_function_call(raw: Item, where: str) -> Item:
+    item: Item = {
+        "type": "function_call",
+        "id": _id(raw.get("id"), "fc"),
+        "call_id": _str(raw, "call_id", where),
+        "name": _str(raw, "name", where),
+        "arguments": _str(raw, "arguments", where),
+        "status": raw.get("status") if raw.get("status") in STATUSES else "completed",
+    }
+    if raw.get("namespace"):
+        item["namespace"] = _str(raw, "namespace", where)
+    return item
+
+
+def _normalize_function_call_output(raw: Item, where: str) -> Item:
+    output = raw.get("output")
+    if isinstance(output, list):
+        output = [_output_part(part, f"{where}.output[{j}]") for j, part in enumerate(output)]
+    elif not isinstance(output, str):
+        raise InvalidRequest(f"{where}.output must be a string or a list of content parts", param=f"{where}.output")
+    return {
+        "type": raw["type"],
+        "id": _id(raw.get("id"), "fco"),
+        "call_id": _str(raw, "call_id", where),
+        "output": output,
+        "status": raw.get("status") if raw.get("status") in STATUSES else "completed",
+    }
+
+
+def _output_part(part: Any, where: str) -> Item:
+    if isinstance(part, dict) and part.get("type") in ("input_text", "output_text"):
+        return {"type": "input_text", "text": _str(part, "text", where)}
+    if isinstance(part, dict) and part.get("type") == "input_image":
+        return _image_part(part, where)
+    if isinstance(part, dict) and part.get("type") == "input_file":
+        return _file_part(part, where)
+    raise InvalidRequest(f"{where} must be an input_text, input_image or input_file part", param=f"{where}.type",
+                         code="unsupported_content_type")
+
+
+def _normalize_custom_tool_call(raw: Item, where: str) -> Item:
+    return {
+        "type": "custom_tool_call",
+        "id": _id(raw.get("id"), "ctc"),
+        "call_id": _str(raw, "call_id", where),
+        "name": _str(raw, "name", where),
+        "input": _str(raw, "input", where),
+        "status": raw.get("status") if raw.get("status") in STATUSES else "completed",
+    }
+
+
+def _normalize_reasoning(raw: Item, where: str) -> Item:
+    item: Item = {"type": "reasoning", "id": _id(raw.get("id"), "rs"), "summary": []}
+    for key, part_type in (("summary", "summary_text"), ("content", "reasoning_text")):
+        parts = raw.get(key) or []
+        if not isinstance(parts, list):
+            raise InvalidRequest(f"{where}.{key} must be a list", param=f"{where}.{key}")
+        item[key] = [{"type": part_type, "text": _str(p, "text", f"{where}.{key}[{j}]")} for j, p in enumerate(parts)]
+    if raw.get("encrypted_content") is not None:
+        item["encrypted_content"] = _str(raw, "encrypted_content", where)
+    return item
+
+
+def _normalize_reference(raw: Item, where: str) -> Item:
+    return {"type": "item_reference", "id": _str(raw, "id", where)}
+
+
+_NORMALIZERS: dict[str, Callable[[Item, str], Item]] = {
+    "message": _normalize_message,
+    "function_call": _normalize_function_call,
+    "function_call_output": _normalize_function_call_output,
+    "custom_tool_call": _normalize_custom_tool_call,
+    "custom_tool_call_output": _normalize_function_call_output,
+    "reasoning": _normalize_reasoning,
+    "item_reference": _normalize_reference,
+}
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _str(obj: Any, key: str, where: str) -> str:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where}.{key} must be a string", param=f"{where}.{key}")
+    return value
+
+
+def _id(value: Any, prefix: str) -> str:
+    return value if isinstance(value, str) and value else new_id(prefix)
 
 
 def message_text(item: Item) -> str:

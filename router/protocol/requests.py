@@ -64,15 +64,30 @@ class CreateResponse(BaseModel):
         return value
 
 
+KNOWN_INCLUDES = frozenset({
+    "reasoning.encrypted_content", "message.output_text.logprobs", "message.input_image.image_url",
+    "code_interpreter_call.outputs", "web_search_call.action.sources", "web_search_call.results",
+    "file_search_call.results", "computer_call_output.output.image_url",
+})
+
+
 def check_supported(req: CreateResponse) -> None:
     """Refuse, by name, what this router cannot serve yet."""
-    if req.tools:
-        raise InvalidRequest("tools are not supported by this router yet", param="tools", code="unsupported_parameter")
     if req.background:
         raise InvalidRequest("background responses are not supported yet", param="background", code="unsupported_parameter")
     if req.conversation is not None:
         raise InvalidRequest("conversations are not supported yet", param="conversation", code="unsupported_parameter")
-    if req.text and (req.text.get("format") or {}).get("type", "text") != "text":
-        raise InvalidRequest("only text output is supported yet", param="text.format", code="unsupported_parameter")
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
+    if req.truncation == "auto":
+        raise InvalidRequest("truncation 'auto' is not supported yet", param="truncation", code="unsupported_parameter")
+    for i, value in enumerate(req.include or ()):
+        if value not in KNOWN_INCLUDES:
+            raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")
+    fmt = (req.text or {}).get("format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise InvalidRequest("text.format.type must be text, json_object or json_schema", param="text.format.type")
+        if kind == "json_schema" and not (isinstance(fmt.get("schema"), dict) and isinstance(fmt.get("name"), str)):
+            raise InvalidRequest("text.format json_schema needs a name and a schema object", param="text.format.schema")

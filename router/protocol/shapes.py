@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from router.protocol.requests import CreateResponse
+from router.protocol.tools import echo_tools
 
 
 def response_object(req: CreateResponse, *, response_id: str, created_at: int | None = None) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def response_object(req: CreateResponse, *, response_id: str, created_at: int | 
         "temperature": req.temperature if req.temperature is not None else 1.0,
         "text": text,
         "tool_choice": req.tool_choice,
-        "tools": req.tools,
+        "tools": echo_tools(req.tools),
         "top_logprobs": req.top_logprobs or 0,
         "top_p": req.top_p if req.top_p is not None else 1.0,
         "presence_penalty": 0.0,

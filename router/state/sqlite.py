@@ -7,13 +7,16 @@ so readers in other processes are not blocked by our writes.
 
 Chain semantics: ``previous_response_id`` is a plain column, not a foreign
 key. Deleting a response leaves its children intact; a child's history then
-stops at the gap (it holds only the responses after the deleted one).
+stops at the gap (it holds only the responses after the deleted one). An
+expired response (``expires_at <= clock()``) is a gap too, until
+``purge_expired`` removes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -49,15 +52,27 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX items_by_item_id ON items(response_id, kind, item_id)",
     ],
+    [
+        "ALTER TABLE responses ADD COLUMN expires_at INTEGER",
+        "CREATE INDEX responses_by_expiry ON responses(expires_at) WHERE expires_at IS NOT NULL",
+    ],
 ]
 
-_HISTORY_SQL = """
+# How many expired responses one purge transaction deletes: the write lock is
+# released between batches so requests are not held up by a big purge.
+PURGE_BATCH = 1000
+
+# "Not expired", given the store's clock as the parameter :now.
+_LIVE = "(expires_at IS NULL OR expires_at > :now)"
+
+_HISTORY_SQL = f"""
 WITH RECURSIVE chain(id, prev, depth) AS (
-    SELECT id, previous_response_id, 0 FROM responses WHERE id = ?1 AND owner = ?2
+    SELECT id, previous_response_id, 0 FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
     UNION ALL
     SELECT r.id, r.previous_response_id, c.depth + 1
-    FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = ?2
-    WHERE c.depth < ?3
+    FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = :owner
+        AND (r.expires_at IS NULL OR r.expires_at > :now)
+    WHERE c.depth < :max_depth
 )
 SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
@@ -67,8 +82,10 @@ ORDER BY c.depth DESC, i.kind, i.position
 class SQLiteStore:
     """``Store`` over a SQLite file (or ":memory:" for tests)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        # Unix seconds; what "expired" is measured against.
+        self.clock = clock
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
 
@@ -83,6 +100,9 @@ class SQLiteStore:
         if self._conn is None:
             raise RuntimeError("SQLiteStore is closed")
         return fn(self._conn, *args)
+
+    def _now(self) -> int:
+        return int(self.clock())
 
     @staticmethod
     def _write(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
@@ -175,15 +195,16 @@ class SQLiteStore:
 
         def statements() -> None:
             cur = conn.execute(
-                """INSERT INTO responses (id, owner, previous_response_id, created_at, status, body)
-                VALUES (?, ?, ?, ?, ?, ?)
+                """INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT(id) DO UPDATE SET
                     previous_response_id = excluded.previous_response_id,
                     created_at = excluded.created_at,
                     status = excluded.status,
-                    body = excluded.body
+                    body = excluded.body,
+                    expires_at = excluded.expires_at
                 WHERE responses.owner = excluded.owner""",
-                (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body),
+                (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at),
             )
             if cur.rowcount != 1:
                 # The id exists under another owner: never let one key overwrite another's.
@@ -196,21 +217,22 @@ class SQLiteStore:
         SQLiteStore._write(conn, statements)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
-        return await self._run(self._get_sync, response_id, owner)
+        return await self._run(self._get_sync, response_id, owner, self._now())
 
     @staticmethod
-    def _get_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> dict[str, Any] | None:
-        sql = "SELECT body FROM responses WHERE id = ? AND owner = ?"
-        row = conn.execute(sql, (response_id, owner)).fetchone()
+    def _get_sync(conn: sqlite3.Connection, response_id: str, owner: str, now: int) -> dict[str, Any] | None:
+        sql = f"SELECT body FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
+        row = conn.execute(sql, {"id": response_id, "owner": owner, "now": now}).fetchone()
         return None if row is None else orjson.loads(row[0])
 
     async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
-        """One recursive query; a missing (deleted) ancestor ends the chain there."""
-        return await self._run(self._history_sync, response_id, owner)
+        """One recursive query; a missing (deleted, expired) ancestor ends the chain there."""
+        return await self._run(self._history_sync, response_id, owner, self._now())
 
     @staticmethod
-    def _history_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> list[Item] | None:
-        rows = conn.execute(_HISTORY_SQL, (response_id, owner, MAX_CHAIN_DEPTH)).fetchall()
+    def _history_sync(conn: sqlite3.Connection, response_id: str, owner: str, now: int) -> list[Item] | None:
+        params = {"id": response_id, "owner": owner, "now": now, "max_depth": MAX_CHAIN_DEPTH}
+        rows = conn.execute(_HISTORY_SQL, params).fetchall()
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
         # A response without items yields one row with a NULL body: skip it.
@@ -218,12 +240,29 @@ class SQLiteStore:
 
     async def delete_response(self, response_id: str, owner: str) -> bool:
         """Items go by ON DELETE CASCADE; children keep their own rows."""
-        return await self._run(self._delete_sync, response_id, owner)
+        return await self._run(self._delete_sync, response_id, owner, self._now())
 
     @staticmethod
-    def _delete_sync(conn: sqlite3.Connection, response_id: str, owner: str) -> bool:
-        sql = "DELETE FROM responses WHERE id = ? AND owner = ?"
-        return SQLiteStore._write(conn, lambda: conn.execute(sql, (response_id, owner)).rowcount > 0)
+    def _delete_sync(conn: sqlite3.Connection, response_id: str, owner: str, now: int) -> bool:
+        # An expired response is deleted too, but it was not there as far as the caller knows.
+        sql = f"DELETE FROM responses WHERE id = :id AND owner = :owner RETURNING {_LIVE}"
+        params = {"id": response_id, "owner": owner, "now": now}
+        rows = SQLiteStore._write(conn, lambda: conn.execute(sql, params).fetchall())
+        return bool(rows and rows[0][0])
+
+    async def purge_expired(self, now: int) -> int:
+        """Delete expired responses (items by cascade) in batches of PURGE_BATCH transactions."""
+        total = 0
+        while True:
+            n = await self._run(self._purge_sync, now)
+            total += n
+            if n < PURGE_BATCH:
+                return total
+
+    @staticmethod
+    def _purge_sync(conn: sqlite3.Connection, now: int) -> int:
+        sql = "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at <= ? LIMIT ?)"
+        return SQLiteStore._write(conn, lambda: conn.execute(sql, (now, PURGE_BATCH)).rowcount)
 
     async def list_input_items(
         self,
@@ -244,16 +283,17 @@ class SQLiteStore:
             raise ValueError("limit must be >= 1")
         if order not in ("asc", "desc"):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
-        return await self._run(self._list_sync, response_id, owner, after, limit, order)
+        return await self._run(self._list_sync, response_id, owner, after, limit, order, self._now())
 
     @staticmethod
     def _list_sync(
-        conn: sqlite3.Connection, response_id: str, owner: str, after: str | None, limit: int, order: Order
+        conn: sqlite3.Connection, response_id: str, owner: str, after: str | None, limit: int, order: Order, now: int
     ) -> ItemPage | None:
         # A read transaction: the checks and the page see one snapshot.
         conn.execute("BEGIN")
         try:
-            known = conn.execute("SELECT 1 FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
+            sql = f"SELECT 1 FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
+            known = conn.execute(sql, {"id": response_id, "owner": owner, "now": now})
             if known.fetchone() is None:
                 return None
             cmp, direction = (">", "ASC") if order == "asc" else ("<", "DESC")

@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.dialects.deltas import Delta, Finish, TextDelta, Usage
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.protocol.errors import APIError
-from router.protocol.ids import message_id
 from router.protocol.shapes import usage_object
+from router.protocol.tools import ToolSet
+from router.turns.items import CallItem, MessageItem, ReasoningItem, copy_item
 
 Event = dict[str, Any]
 
@@ -26,14 +27,17 @@ Event = dict[str, Any]
 class Assembler:
     """Builds one response from deltas; holds per-request state only."""
 
-    def __init__(self, response: dict[str, Any]) -> None:
+    def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False) -> None:
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
+        self._tools = tools or ToolSet()
+        self._summaries = summaries  # reasoning.summary was asked for
         self._seq = 0
-        self._message: dict[str, Any] | None = None  # the open message item
-        self._chunks: list[str] = []  # text of the open message, joined once at the end
-        self._finish: str | None = None
-        self._usage: Usage | None = None
+        self._open: MessageItem | ReasoningItem | None = None  # the open text-like item
+        self._calls: dict[int, CallItem] = {}  # open tool calls of this turn, by delta index
+        self._cut = False  # the engine stopped on the token budget
+        self._turn_usage: Usage | None = None
+        self._usage: list[int] | None = None  # input, output, cached, reasoning: summed over turns
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -44,26 +48,56 @@ class Assembler:
         """Events for one upstream read (they leave the router in one write)."""
         events: list[Event] = []
         for delta in deltas:
-            if type(delta) is TextDelta:
-                if delta.text:
-                    self._text(delta.text, events)
-            elif type(delta) is Finish:
-                self._finish = delta.reason
-            elif type(delta) is Usage:
-                self._usage = delta
+            kind = type(delta)
+            if kind is TextDelta:
+                if delta.text:  # type: ignore[union-attr]
+                    self._message(delta.phase, events).add_text(delta.text, delta.logprobs, events)  # type: ignore[union-attr]
+            elif kind is ReasoningDelta:
+                if delta.text:  # type: ignore[union-attr]
+                    self._reasoning(events).add(delta.text, events)  # type: ignore[union-attr]
+            elif kind is ToolCallDelta:
+                self._tool_call(delta, events)  # type: ignore[arg-type]
+            elif kind is RefusalDelta:
+                if delta.text:  # type: ignore[union-attr]
+                    self._message(None, events).add_refusal(delta.text, events)  # type: ignore[union-attr]
+            elif kind is Finish:
+                self._cut = delta.reason == "length"  # type: ignore[union-attr]
+            elif kind is Usage:
+                self._turn_usage = delta  # type: ignore[assignment]
         return events
 
-    def finish(self) -> list[Event]:
+    def close_turn(self) -> list[Event]:
+        """End one model turn: close every open item; returns the closing events."""
+        events: list[Event] = []
+        status = "incomplete" if self._cut else "completed"
+        self._close_open(events, status)
+        for call in self._calls.values():
+            call.close(events, status)
+        self._calls = {}
+        u = self._turn_usage
+        if u is not None:
+            total = self._usage or [0, 0, 0, 0]
+            self._usage = [a + b for a, b in zip(total, (u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens))]
+            self._turn_usage = None
+        return events
+
+    @property
+    def turn_calls(self) -> list[dict[str, Any]]:
+        """Tool-call items of the last closed turn (the runner decides who runs them)."""
+        return [item for item in self.output if item["type"] in ("function_call", "custom_tool_call")]
+
+    def finish(self, incomplete_reason: str | None = None) -> list[Event]:
         """Close open items and end the response as completed or incomplete."""
         events: list[Event] = []
-        cut = self._finish == "length"
-        if self._message is None and not self.output:
-            self._open_message(events)  # an empty answer is still an answer
-        self._close_message(events, "incomplete" if cut else "completed")
+        if not self.output and self._open is None and not self._calls:
+            self._message(None, events).ensure_part(events)  # an empty answer is still an answer
+        if self._cut and incomplete_reason is None:
+            incomplete_reason = "max_output_tokens"
+        events += self.close_turn()
         response = self.response
-        response["status"] = "incomplete" if cut else "completed"
-        if cut:
-            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        response["status"] = "incomplete" if incomplete_reason else "completed"
+        if incomplete_reason:
+            response["incomplete_details"] = {"reason": incomplete_reason}
         response["completed_at"] = int(time.time())
         self._set_usage()
         events.append(self._lifecycle("response." + response["status"]))
@@ -71,89 +105,75 @@ class Assembler:
 
     def fail(self, error: APIError) -> list[Event]:
         """An ``error`` event, then ``response.failed`` with what was produced so far."""
-        if self._message is not None:
-            self._message["status"] = "incomplete"
-            self._message["content"][0]["text"] = "".join(self._chunks)
-            self._message = None
+        if self._open is not None:
+            self._open.abandon()
+            self._open = None
+        for call in self._calls.values():
+            call.abandon()
+        self._calls = {}
         response = self.response
         response["status"] = "failed"
         response["error"] = {"code": error.code or error.type, "message": error.message}
+        if self._turn_usage is not None:
+            self.close_turn()
         self._set_usage()
-        events = [self._event({"type": "error", "code": error.code or error.type, "message": error.message, "param": error.param})]
+        events = [self.event({"type": "error", "code": error.code or error.type, "message": error.message, "param": error.param})]
         events.append(self._lifecycle("response.failed"))
         return events
 
     # -- items -------------------------------------------------------------
 
-    def _text(self, text: str, events: list[Event]) -> None:
-        if self._message is None:
-            self._open_message(events)
-        self._chunks.append(text)
-        message = self._message
-        events.append(
-            self._event({
-                "type": "response.output_text.delta",
-                "item_id": message["id"],
-                "output_index": self._index,
-                "content_index": 0,
-                "delta": text,
-                "logprobs": [],
-            })
-        )
+    def _message(self, phase: str | None, events: list[Event]) -> MessageItem:
+        current = self._open
+        if type(current) is MessageItem and current.phase == phase:
+            return current
+        self._close_open(events, "completed")
+        item = MessageItem(self, len(self.output), phase)
+        self._open = item
+        item.announce(events)
+        return item
 
-    def _open_message(self, events: list[Event]) -> None:
-        item = {"id": message_id(), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
-        self._index = len(self.output)
-        self.output.append(item)
-        self._message = item
-        self._chunks = []
-        events.append(self._event({"type": "response.output_item.added", "output_index": self._index, "item": _copy_item(item)}))
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        item["content"].append(part)
-        events.append(
-            self._event({
-                "type": "response.content_part.added",
-                "item_id": item["id"],
-                "output_index": self._index,
-                "content_index": 0,
-                "part": dict(part),
-            })
-        )
+    def _reasoning(self, events: list[Event]) -> ReasoningItem:
+        current = self._open
+        if type(current) is ReasoningItem:
+            return current
+        self._close_open(events, "completed")
+        item = ReasoningItem(self, len(self.output), self._summaries)
+        self._open = item
+        item.announce(events)
+        return item
 
-    def _close_message(self, events: list[Event], status: str) -> None:
-        item = self._message
-        if item is None:
-            return
-        self._message = None
-        part = item["content"][0]
-        part["text"] = text = "".join(self._chunks)
-        item["status"] = status
-        base = {"item_id": item["id"], "output_index": self._index, "content_index": 0}
-        events.append(self._event({"type": "response.output_text.done", **base, "text": text, "logprobs": []}))
-        events.append(self._event({"type": "response.content_part.done", **base, "part": dict(part)}))
-        events.append(self._event({"type": "response.output_item.done", "output_index": self._index, "item": _copy_item(item)}))
+    def _tool_call(self, delta: ToolCallDelta, events: list[Event]) -> None:
+        call = self._calls.get(delta.index)
+        if call is None:
+            self._close_open(events, "completed")
+            tool = self._tools.lookup(delta.name or "")
+            kind = tool.kind if tool else "function"
+            name = tool.name if tool else (delta.name or "")
+            call = CallItem(self, len(self.output), kind, delta.call_id or "", name, tool.namespace if tool else None)
+            self._calls[delta.index] = call
+            call.announce(events)
+        if delta.arguments:
+            call.add(delta.arguments, events)
+
+    def _close_open(self, events: list[Event], status: str) -> None:
+        if self._open is not None:
+            self._open.close(events, status)
+            self._open = None
 
     # -- helpers -----------------------------------------------------------
 
     def _set_usage(self) -> None:
-        u = self._usage
-        if u is not None:
-            self.response["usage"] = usage_object(u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens)
+        if self._usage is not None:
+            self.response["usage"] = usage_object(*self._usage)
 
     def _lifecycle(self, kind: str) -> Event:
         # A snapshot: later changes to the live response must not leak into sent events.
         snapshot = dict(self.response)
-        snapshot["output"] = [_copy_item(item) for item in self.output]
-        return self._event({"type": kind, "response": snapshot})
+        snapshot["output"] = [copy_item(item) for item in self.output]
+        return self.event({"type": kind, "response": snapshot})
 
-    def _event(self, event: Event) -> Event:
+    def event(self, event: Event) -> Event:
         event["sequence_number"] = self._seq
         self._seq += 1
         return event
-
-
-def _copy_item(item: dict[str, Any]) -> dict[str, Any]:
-    copy = dict(item)
-    if "content" in copy:
-        copy["content"] = [dict(part) for part in copy["content"]]
-    return copy

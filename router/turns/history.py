@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.protocol.errors import NotFound
+from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.items import Item
 from router.state.store import Store
 
@@ -18,3 +18,39 @@ async def load_history(store: Store, previous_response_id: str | None, owner: st
             code="previous_response_not_found",
         )
     return items
+
+
+def resolve_input(history: list[Item], input_items: list[Item]) -> list[Item]:
+    """This turn's input with ``item_reference``s replaced by the items they name.
+
+    A reference to an item already in the history is dropped (the model sees
+    it once); one to an unknown item is a 400.
+    """
+    known = {item.get("id"): item for item in history}
+    in_history = set(known)
+    out: list[Item] = []
+    for i, item in enumerate(input_items):
+        if item["type"] == "item_reference":
+            target = known.get(item["id"])
+            if target is None:
+                raise InvalidRequest(f"Item with id '{item['id']}' not found.", param=f"input[{i}].id", code="item_not_found")
+            if item["id"] in in_history:
+                continue
+            item = target
+        known[item.get("id")] = item
+        out.append(item)
+    return out
+
+
+def check_tool_outputs(items: list[Item]) -> None:
+    """Every tool output answers a call made earlier in the conversation."""
+    calls: set[str] = set()
+    for item in items:
+        kind = item["type"]
+        if kind in ("function_call", "custom_tool_call"):
+            calls.add(item["call_id"])
+        elif kind in ("function_call_output", "custom_tool_call_output") and item["call_id"] not in calls:
+            raise InvalidRequest(
+                f"No tool call found for function call output with call_id {item['call_id']}.",
+                param="input", code="tool_call_not_found",
+            )

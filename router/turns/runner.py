@@ -20,8 +20,10 @@ from router.dialects import chat
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
+from router.protocol.tools import ToolSet
 from router.state.store import Store, StoredResponse
 from router.turns.assembler import Assembler, Event
+from router.turns.route import ModelRoute
 
 log = logging.getLogger("router.turns")
 
@@ -32,17 +34,27 @@ class ResponseRun:
 
     req: CreateResponse
     owner: str
-    pool: Pool
+    route: ModelRoute
     store: Store
-    history: list[Item]
+    tools: ToolSet
+    # What the model sees: history, then this turn's input, references resolved.
+    prompt_items: list[Item]
+    # What is stored as this response's input: the request's items as sent (normalized).
     input_items: list[Item]
     response: dict[str, Any]
     _worker: Worker | None = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
+    _decoder: chat.ChatDecoder = field(init=False)
 
     def __post_init__(self) -> None:
-        self._assembler = Assembler(self.response)
+        summaries = bool((self.req.reasoning or {}).get("summary"))
+        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries)
+        self._decoder = chat.ChatDecoder(self.route.chat)
+
+    @property
+    def pool(self) -> Pool:
+        return self.route.pool
 
     # -- non-streaming -----------------------------------------------------
 
@@ -51,7 +63,7 @@ class ResponseRun:
         body = self._worker_request(stream=False)
         answer = await self._call(lambda url: self.pool.client.post_json(url, body))
         asm = self._assembler
-        asm.feed(chat.completion_deltas(answer))
+        asm.feed(self._decoder.completion(answer))
         asm.finish()
         await self._persist()
         return self.response
@@ -71,7 +83,8 @@ class ResponseRun:
             yield asm.start()
             try:
                 async for batch in self._stream.batches():
-                    deltas = [d for chunk in batch for d in chat.chunk_deltas(chunk)]
+                    decode = self._decoder.chunk
+                    deltas = [d for chunk in batch for d in decode(chunk)]
                     events = asm.feed(deltas)
                     if events:
                         yield events
@@ -92,12 +105,8 @@ class ResponseRun:
     # -- worker calls ------------------------------------------------------
 
     def _worker_request(self, *, stream: bool) -> dict[str, Any]:
-        req = self.req
-        messages = chat.to_messages(self.history + self.input_items, req.instructions)
-        return chat.chat_request(
-            messages, model=self.pool.model, stream=stream, max_tokens=req.max_output_tokens,
-            temperature=req.temperature, top_p=req.top_p,
-        )
+        messages = chat.to_messages(self.prompt_items, self.req.instructions, self.route.chat)
+        return chat.build_request(self.req, messages, self.tools, self.route.chat, model=self.pool.model, stream=stream)
 
     async def _call(self, send: Any, *, release: bool = True) -> Any:
         """Send to a healthy worker; an unreachable worker is skipped for the next one."""

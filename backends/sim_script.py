@@ -1,0 +1,457 @@
+"""Pure output scripting for the simulated worker (backends/sim.py).
+
+Everything here is a function of the request body: the markers of the last
+user message, what the answer is (words, reasoning, tool calls, JSON, a
+refusal, an echo), how it is cut into tokens, and the engine-shaped deltas
+and logprobs that carry those tokens. No I/O, so tests call it directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import orjson
+
+VOCAB = tuple("the router streams tokens from a simulated worker while clients wait for answers "
+              "and every request finds its pool quickly models think about cache prefix latency "
+              "queue batch of small words today".split())
+MARKER_RE = re.compile(r"\[sim:([A-Za-z_]+)(?:=([^\]\s]*))?\]")
+ECHO_TOKEN_CHARS = 16
+FRAGMENT_CHARS = 8  # JSON (tool arguments, structured output) goes out in 8-character tokens
+REFUSAL_TEXT = "I can't help with that."
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MAX_TOP_LOGPROBS = 20  # the OpenAI limit; both engines accept at least this many
+_SCHEMA_DEPTH = 6  # past this, recursive schemas get only required properties and no items
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+                404: "NotFoundError", 408: "RequestTimeoutError", 429: "RateLimitError",
+                503: "ServiceUnavailableError"}
+_STRING_FORMATS = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00Z",
+                   "email": "sim@example.com", "uri": "https://example.com/sim",
+                   "uuid": "00000000-0000-4000-8000-000000000000", "ipv4": "127.0.0.1"}
+
+
+class SimError(Exception):
+    """A request the engine would refuse; args are (status, message, param)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One chunk of the answer. kind: content | reasoning | refusal | args (a
+    fragment of tool call `call`'s arguments) | call (the call's header with
+    id and name; carries no token)."""
+
+    kind: str
+    text: str = ""
+    call: int = -1
+
+    @property
+    def tokens(self) -> int:
+        return 0 if self.kind == "call" else 1
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Options:
+    """The request fields that shape the output, validated."""
+
+    tools: dict[str, object]  # name -> parameters schema, in request order
+    tool_choice: str  # none | auto | required | named
+    named: str | None
+    parallel: bool
+    response_format: dict | None  # json_object / json_schema only
+    logprobs: bool
+    top_logprobs: int
+
+
+@dataclass
+class Script:
+    """The whole answer as steps, before any max_tokens cut."""
+
+    steps: list[Step]
+    calls: list[ToolCall]
+    choice: str = "auto"  # how the calls were chosen: auto | required | named
+    parser: bool = False  # [sim:reason] stands for a server with a reasoning parser
+
+
+def message_text(message: dict) -> str:
+    """The text of one chat message: string content or its parts' `text`."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def last_user_text(messages: list[dict]) -> str:
+    """Markers are read only from the last user message, so history replayed
+    by the router (which may contain old markers) does not re-trigger them."""
+    users = [m for m in messages if m.get("role") == "user"]
+    return message_text(users[-1]) if users else ""
+
+
+def parse_markers(text: str) -> dict[str, str | None]:
+    """`[sim:NAME]` -> {NAME: None}; `[sim:NAME=VALUE]` -> {NAME: VALUE}."""
+    return {m.group(1): m.group(2) for m in MARKER_RE.finditer(text)}
+
+
+def int_marker(markers: dict[str, str | None], name: str) -> int | None:
+    """An integer marker value, or None when absent or not a non-negative int."""
+    value = markers.get(name)
+    return int(value) if value and value.isdigit() else None
+
+
+def count_prompt_tokens(messages: list[dict]) -> int:
+    """Deterministic stand-in for a tokenizer: for each message 3 + the number
+    of whitespace-separated words of its text content (and of its tool calls'
+    names and arguments), plus 3 for the reply prefix (roughly what chat
+    templates add)."""
+    total = 3
+    for m in messages:
+        total += 3 + len(message_text(m).split())
+        calls = m.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                total += len(f"{fn.get('name') or ''} {fn.get('arguments') or ''}".split())
+    return total
+
+
+def generate_tokens(messages: list[dict], n: int, salt: bytes = b"") -> list[str]:
+    """N words picked by a hash keyed on the messages (and salt, so reasoning
+    differs from the answer): same messages, same text; token 0 is a bare
+    word, later tokens are " " + word."""
+    seed = hashlib.blake2b(orjson.dumps(messages) + salt, digest_size=16).digest()
+    words = []
+    for i in range(n):
+        h = hashlib.blake2b(i.to_bytes(4, "little"), key=seed, digest_size=2).digest()
+        words.append(VOCAB[int.from_bytes(h, "little") % len(VOCAB)])
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def chop(text: str, size: int) -> list[str]:
+    """Text cut into tokens of `size` characters."""
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def word_tokens(text: str) -> list[str]:
+    """Text cut at single spaces, each later token keeping its space, so the
+    tokens join back to exactly the text."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def schema_instance(schema: object, root: object = None, path: str = "", depth: int = 0) -> object:
+    """A deterministic value that validates against a JSON schema: every
+    property filled (required or not), the first enum/const value, the first
+    anyOf/oneOf branch, one array element, nested objects recursively, local
+    $refs followed; no schema -> {}."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict):
+        return {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        target: object = root
+        for part in (p for p in ref[1:].split("/") if p):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return schema_instance(target, root, path, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0], root, path, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else None
+    if kind == "object":
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        return {name: schema_instance(sub, root, f"{path}.{name}", depth + 1)
+                for name, sub in props.items() if depth < _SCHEMA_DEPTH or name in required}
+    if kind == "array":
+        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        items = [schema_instance(s, root, f"{path}[{i}]", depth + 1) for i, s in enumerate(prefix)]
+        want = max(int(schema.get("minItems", 0)), 0 if depth >= _SCHEMA_DEPTH or prefix else 1)
+        want = min(want, int(schema.get("maxItems", want)))
+        while len(items) < want:
+            items.append(schema_instance(schema.get("items", {}), root, f"{path}[]", depth + 1))
+        return items
+    if kind in ("integer", "number"):
+        return _number(schema, kind == "integer")
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    if kind == "string":
+        text = _STRING_FORMATS.get(schema.get("format"),
+                                   VOCAB[zlib.crc32(path.encode()) % len(VOCAB)])
+        text = text.ljust(int(schema.get("minLength", 0)), "x")
+        return text[:int(schema["maxLength"])] if "maxLength" in schema else text
+    return {}
+
+
+def _number(schema: dict, integer: bool) -> int | float:
+    """1 (or 1.5) moved inside the schema's bounds."""
+    value: int | float = 1 if integer else 1.5
+    step = 1 if integer else 0.5
+    low, high = schema.get("minimum"), schema.get("maximum")
+    ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if isinstance(low, (int, float)):
+        value = max(value, math.ceil(low) if integer else low)
+    if isinstance(ex_low, (int, float)):
+        value = max(value, math.floor(ex_low) + 1 if integer else ex_low + step)
+    if isinstance(high, (int, float)):
+        value = min(value, math.floor(high) if integer else high)
+    if isinstance(ex_high, (int, float)):
+        value = min(value, math.ceil(ex_high) - 1 if integer else ex_high - step)
+    return value
+
+
+def compact_json(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+def read_options(body: dict) -> Options:
+    """Validate the output-shaping fields like the engines' request models do
+    (vLLM ChatCompletionRequest validators; SGLang protocol.py)."""
+    tools: dict[str, object] = {}
+    for tool in body.get("tools") or ():
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                tool.get("type", "function") != "function":
+            raise SimError(400, "Each tool must be {'type': 'function', 'function': {'name'}}.",
+                           "tools")
+        tools[fn["name"]] = fn.get("parameters")
+    raw = body.get("tool_choice") or "auto"
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    named = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
+    if named is None and raw not in ("none", "auto", "required"):
+        raise SimError(400, f"Invalid 'tool_choice': {raw!r}.", "tool_choice")
+    choice = raw if named is None else "named"
+    if choice in ("required", "named") and not tools:
+        raise SimError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if named is not None and named not in tools:
+        raise SimError(400, f"Tool '{named}' has not been passed in `tools`.", "tool_choice")
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is not None and (kind not in ("text", "json_object", "json_schema") or (
+            kind == "json_schema" and not isinstance(fmt.get("json_schema"), dict))):
+        raise SimError(400, "Invalid 'response_format'.", "response_format")
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise SimError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.",
+                       "top_logprobs")
+    if top and not logprobs:
+        raise SimError(400, "When using `top_logprobs`, `logprobs` must be set to true.",
+                       "top_logprobs")
+    if not isinstance(body.get("chat_template_kwargs") or {}, dict):
+        raise SimError(400, "'chat_template_kwargs' must be an object.", "chat_template_kwargs")
+    return Options(tools, choice, named, body.get("parallel_tool_calls") is not False,
+                   fmt if kind in ("json_object", "json_schema") else None, bool(logprobs),
+                   top or 0)
+
+
+def call_id(engine: str) -> str:
+    """vLLM's make_tool_call_id is f"chatcmpl-tool-{random_uuid()}" (vllm/entrypoints/
+    chat_utils.py); SGLang's _process_tool_call_id is f"call_{uuid4().hex[:24]}"
+    (python/sglang/srt/entrypoints/openai/serving_chat.py)."""
+    return f"call_{uuid.uuid4().hex[:24]}" if engine == "sglang" else \
+        f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def pick_calls(messages: list[dict], markers: dict[str, str | None],
+               opts: Options) -> tuple[list[str], str]:
+    """The tools this turn calls and how they were chosen. A turn that answers
+    a tool message, or tool_choice "none", never calls."""
+    if opts.tool_choice == "none" or messages[-1].get("role") == "tool":
+        return [], "auto"
+    if opts.named is not None:
+        return [opts.named], "named"
+    raw = markers.get("call")
+    if raw:
+        names = [n for n in raw.split(",") if n]
+        unknown = [n for n in names if n not in opts.tools]
+        if unknown:
+            raise SimError(400, f"Tool '{unknown[0]}' has not been passed in `tools`.", "tools")
+    elif opts.tool_choice == "required":
+        names = [next(iter(opts.tools))]
+    else:
+        return [], "auto"
+    return (names if opts.parallel else names[:1]), opts.tool_choice
+
+
+def answer_tokens(body: dict, messages: list[dict], markers: dict[str, str | None],
+                  opts: Options, default_tokens: int, limit: int) -> list[str]:
+    """The text answer: an echo, JSON for response_format, the reply to a
+    tool message, or generated words (at most `limit`)."""
+    if "echo" in markers:
+        if markers["echo"] == "request":
+            rest = {k: v for k, v in body.items() if k != "messages"}
+            return chop(compact_json(rest), ECHO_TOKEN_CHARS)
+        return chop(compact_json(messages), ECHO_TOKEN_CHARS)
+    fmt = opts.response_format
+    if fmt is not None and fmt["type"] == "json_schema":
+        return chop(compact_json(schema_instance(fmt["json_schema"].get("schema"))), FRAGMENT_CHARS)
+    if fmt is not None:
+        return chop(compact_json({"answer": generate_tokens(messages, 1)[0]}), FRAGMENT_CHARS)
+    if messages[-1].get("role") == "tool":
+        return word_tokens("tool said: " + message_text(messages[-1]))
+    n = int_marker(markers, "tokens")
+    return generate_tokens(messages, min(default_tokens if n is None else n, limit))
+
+
+def build_script(engine: str, body: dict, messages: list[dict], markers: dict[str, str | None],
+                 opts: Options, default_tokens: int, limit: int) -> Script:
+    """Reasoning ([sim:reason] in the reasoning field, [sim:think] as <think>
+    text), then tool calls, a refusal or the text answer."""
+    steps: list[Step] = []
+    reason, think = int_marker(markers, "reason"), int_marker(markers, "think")
+    if reason is not None:
+        steps += [Step("reasoning", t) for t in generate_tokens(messages, min(reason, limit), b"r")]
+    if think is not None:
+        thought = generate_tokens(messages, min(think, limit), b"t")
+        steps += [Step("content", t) for t in (THINK_OPEN, *thought, THINK_CLOSE)]
+    names, choice = pick_calls(messages, markers, opts)
+    calls = []
+    for i, name in enumerate(names):
+        calls.append(ToolCall(call_id(engine), name, compact_json(schema_instance(opts.tools[name]))))
+        steps.append(Step("call", call=i))
+        steps += [Step("args", piece, i) for piece in chop(calls[-1].arguments, FRAGMENT_CHARS)]
+    if not calls:
+        if "refuse" in markers:
+            steps += [Step("refusal", t) for t in word_tokens(REFUSAL_TEXT)]
+        else:
+            steps += [Step("content", t) for t in answer_tokens(
+                body, messages, markers, opts, default_tokens, limit)]
+    return Script(steps, calls, choice, parser=reason is not None)
+
+
+def cut_steps(steps: list[Step], budget: int) -> tuple[list[Step], bool]:
+    """The steps that fit `budget` tokens, and whether any were cut; a call
+    header whose arguments were all cut goes too."""
+    out: list[Step] = []
+    used = 0
+    for step in steps:
+        if step.tokens and used == budget:
+            while out and out[-1].kind == "call":
+                out.pop()
+            return out, True
+        out.append(step)
+        used += step.tokens
+    return out, False
+
+
+def step_delta(engine: str, reasoning_field: str, step: Step, calls: list[ToolCall]) -> dict:
+    """The chunk delta that carries one step.
+
+    vLLM dumps DeltaMessage/DeltaToolCall with exclude_unset (vllm/entrypoints/
+    openai/chat_completion/serving.py, generate/base/protocol.py): a call's
+    header has id, type, index and function.name; fragments only index and
+    function.arguments. SGLang's tool-call chunks are pydantic ToolCall/
+    DeltaMessage dumped whole (serving_chat.py _process_tool_call_stream), so
+    id and name are null on fragments and the other delta keys are null; its
+    text and reasoning chunks (sse_utils.py build_sse_content) omit nulls."""
+    if step.kind == "content":
+        return {"content": step.text}
+    if step.kind == "reasoning":
+        return {reasoning_field: step.text}
+    if step.kind == "refusal":
+        return {"refusal": step.text}  # OpenAI's shape; neither engine generates refusals
+    call, header = calls[step.call], step.kind == "call"
+    if engine == "sglang":
+        tc = {"id": call.id if header else None, "index": step.call, "type": "function",
+              "function": {"name": call.name if header else None,
+                           "arguments": "" if header else step.text}}
+        return {"role": None, "content": None, "reasoning_content": None, "tool_calls": [tc]}
+    if header:
+        tc = {"id": call.id, "type": "function", "index": step.call,
+              "function": {"name": call.name, "arguments": ""}}
+    else:
+        tc = {"index": step.call, "function": {"arguments": step.text}}
+    return {"tool_calls": [tc]}
+
+
+def _logprob(token: str, value: float) -> dict:
+    return {"token": token, "logprob": value, "bytes": list(token.encode())}
+
+
+def token_logprob(token: str, position: int, top: int) -> dict:
+    """One `logprobs.content` entry (vLLM ChatCompletionLogProbsContent, SGLang
+    ChatCompletionTokenLogprob: token, logprob, bytes, top_logprobs). The
+    sampled token is always the most likely; the alternatives are other
+    vocabulary words, each 0.5 less likely than the one before."""
+    value = -round(0.01 * (1 + zlib.crc32(f"{position}:{token}".encode()) % 90), 2)
+    lead = " " if token.startswith(" ") else ""
+    alternatives = [lead + w for w in VOCAB if lead + w != token]
+    start = position % len(alternatives)
+    tops = [_logprob(token, value)] + [
+        _logprob(alternatives[(start + j) % len(alternatives)], round(value - 0.5 * j, 2))
+        for j in range(1, top)]
+    return {**_logprob(token, value), "top_logprobs": tops[:top]}
+
+
+def message_fields(steps: list[Step], calls: list[ToolCall], forced: bool) -> dict:
+    """content / reasoning / refusal / tool calls of a non-stream message.
+    Content is null beside tool calls the model chose, "" beside forced ones
+    (vLLM: `content or ""` for named/required; SGLang: `"" if is_required`)."""
+    def join(kind: str) -> str | None:
+        parts = [s.text for s in steps if s.kind == kind]
+        return "".join(parts) if parts else None
+
+    sent = sorted({s.call for s in steps if s.kind == "call"})
+    tool_calls = [(i, calls[i], "".join(s.text for s in steps if s.kind == "args" and s.call == i))
+                  for i in sent]
+    content = join("content")
+    refusal = join("refusal")
+    if content is None and refusal is None:
+        content = "" if forced or not tool_calls else None
+    return {"content": content, "reasoning": join("reasoning"), "refusal": refusal,
+            "tool_calls": tool_calls}
+
+
+def logprobs_body(steps: list[Step], first: int, top: int) -> dict | None:
+    """`choices[0].logprobs` for the tokens of `steps`, the first at position `first`."""
+    tokens = [s.text for s in steps if s.tokens]
+    return {"content": [token_logprob(t, first + i, top) for i, t in enumerate(tokens)]} \
+        if tokens else None
+
+
+def usage_body(engine: str, prompt: int, steps: list[Step], stream: bool, *,
+               cached: int | None = None, parser: bool = False) -> dict:
+    """Usage for `steps`. SGLang's UsageInfo always dumps prompt_tokens_details
+    and a flat reasoning_tokens (protocol.py). vLLM's UsageInfo has
+    completion_tokens_details.reasoning_tokens only with a reasoning parser
+    (vllm#45802) and prompt_tokens_details only with
+    --enable-prompt-tokens-details; non-stream responses are dumped in full,
+    the stream's usage chunk with exclude_none (chat_completion/serving.py)."""
+    completion = sum(s.tokens for s in steps)
+    reasoning = sum(s.kind == "reasoning" for s in steps)
+    usage: dict = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                   "completion_tokens": completion}
+    details = None if cached is None else {"cached_tokens": min(cached, prompt)}
+    if engine == "sglang":
+        return {**usage, "prompt_tokens_details": details, "reasoning_tokens": reasoning}
+    extra = {"prompt_tokens_details": details,
+             "completion_tokens_details": {"reasoning_tokens": reasoning} if parser else None}
+    return {**usage, **({k: v for k, v in extra.items() if v is not None} if stream else extra)}
+
+
+def error_body(engine: str, status: int, message: str, param: str | None = None) -> dict:
+    """vLLM nests the error under "error"; SGLang's ErrorResponse is flat
+    (SGLang python/sglang/srt/entrypoints/openai/protocol.py, ErrorResponse)."""
+    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    err = {"message": message, "type": kind, "param": param, "code": status}
+    return {"object": "error", **err} if engine == "sglang" else {"error": err}

@@ -1,0 +1,154 @@
+"""Results -> one table (markdown, printed and appended to bench/RESULTS.md).
+
+Targets come from the performance issue; they are printed next to each
+figure for reading, never asserted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NA_CHAT = "n/a (no /v1/chat/completions route yet)"
+
+# Targets from the performance issue.
+T_CREATE_CPU_US = 300.0
+T_ADDED_P50_MS = 0.5
+T_CHAT_CPU_US = 200.0
+T_STREAM_CPU_US = 28.0
+T_STREAM_KB = 200.0
+T_CHAIN_MS = 20.0
+
+
+@dataclass
+class Row:
+    item: str
+    measure: str
+    baseline: str = ""
+    router: str = ""
+    ratio: str = ""
+    target: str = ""
+    verdict: str = ""
+
+
+def _verdict(value: float, limit: float) -> str:
+    return "meets" if value <= limit else "misses"
+
+
+def _us(seconds: float, count: int) -> float:
+    return seconds / count * 1e6 if count else float("nan")
+
+
+def _cpu(result: dict[str, Any], proc: str) -> tuple[float, float]:
+    p = result["procs"][proc]
+    return p["cpu_s"], p["sched_s"]
+
+
+def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], routed: dict[int, dict[str, Any]],
+                 cpu_target: float) -> list[Row]:
+    rows: list[Row] = []
+    for c in sorted(routed):
+        d, r = direct[c], routed[c]
+        errs = "" if r["ok"] == r["requests"] else f" ({r['requests'] - r['ok']} errors: {r['statuses']})"
+        rows.append(Row(item, f"{label} c={c} req/s", f"{d['rps']:.0f}", f"{r['rps']:.0f}{errs}",
+                        f"{r['rps'] / d['rps']:.2f}x"))
+        added = r["p50_ms"] - d["p50_ms"]
+        target = f"added <= {T_ADDED_P50_MS} ms" if c == 1 else ""
+        rows.append(Row(item, f"{label} c={c} p50 ms", f"{d['p50_ms']:.2f}", f"{r['p50_ms']:.2f}",
+                        f"{r['p50_ms'] / d['p50_ms']:.2f}x, +{added:.2f} ms", target,
+                        _verdict(added, T_ADDED_P50_MS) if c == 1 else ""))
+        rows.append(Row(item, f"{label} c={c} p99 ms", f"{d['p99_ms']:.2f}", f"{r['p99_ms']:.2f}",
+                        f"{r['p99_ms'] / d['p99_ms']:.2f}x, +{r['p99_ms'] - d['p99_ms']:.2f} ms"))
+        cpu, sched = _cpu(r, "router")
+        sim_cpu, _ = _cpu(d, "sim")
+        us = _us(cpu, r["requests"])
+        rows.append(Row(item if c == 1 else "6", f"{label} c={c} router CPU us/request",
+                        f"sim alone: {_us(sim_cpu, d['requests']):.0f}",
+                        f"{us:.0f} (schedstat {_us(sched, r['requests']):.0f})", "",
+                        f"<= {cpu_target:.0f} us", _verdict(us, cpu_target)))
+    return rows
+
+
+def build_rows(res: dict[str, Any]) -> list[Row]:
+    """All table rows from the results dict that ``bench/run.py`` collects."""
+    rows: list[Row] = []
+    direct = res["direct"]
+    chat = res.get("chat")
+    if chat is None:
+        rows.append(Row("1", "chat passthrough, router vs direct", router=NA_CHAT,
+                        target=f"<= {T_CHAT_CPU_US:.0f} us CPU/request"))
+    else:
+        rows += _closed_rows("1", "chat passthrough", direct, chat, T_CHAT_CPU_US)
+    rows += _closed_rows("2", "responses store=true", direct, res["responses"], T_CREATE_CPU_US)
+
+    for streams, r in sorted(res["streaming"].items()):
+        cpu, sched = _cpu(r, "router")
+        sim_cpu, _ = _cpu(r, "sim")
+        us = _us(cpu, r["tokens"])
+        done = f"{r['complete']}/{r['streams']} complete"
+        rows.append(Row("3", f"stream x{streams} ({r['itl_ms']} ms/token) router CPU us/token",
+                        f"sim: {_us(sim_cpu, r['tokens']):.1f}",
+                        f"{us:.1f} (schedstat {_us(sched, r['tokens']):.1f}); {done}", "",
+                        f"<= {T_STREAM_CPU_US:.0f} us", _verdict(us, T_STREAM_CPU_US)))
+        rows.append(Row("3", f"stream x{streams} router writes per token (1.0 = paced)", "",
+                        f"{r['chunks'] / max(r['tokens'], 1):.2f} ({r['tokens_per_s']:.0f} tokens/s)"))
+
+    o = res["open"]
+    p = o["procs"]["router"]
+    open_at_peak = max(p["open_at_peak"], 1)
+    kb = (p["rss_peak_kb"] - p["rss_idle_kb"]) / open_at_peak
+    rows.append(Row("4", f"{o['streams']} open streams: router RSS growth per open stream",
+                    f"idle {p['rss_idle_kb'] / 1024:.0f} MiB",
+                    f"{kb:.0f} KiB (peak {p['rss_peak_kb'] / 1024:.0f} MiB with {p['open_at_peak']} open)", "",
+                    f"<= {T_STREAM_KB:.0f} KB", _verdict(kb, T_STREAM_KB)))
+    rows.append(Row("4", f"{o['streams']} open streams complete ({o['job']['expect_tokens']} tokens, "
+                         f"{o['itl_ms']} ms/token)", "",
+                    f"{o['complete']}/{o['streams']} in {o['elapsed_s']:.1f} s (longest stream {o['stream_max_s']:.1f} s)"
+                    + (f"; errors {o['errors']}" if o["errors"] else ""), "",
+                    "all complete", "meets" if o["complete"] == o["streams"] else "misses"))
+
+    chain = res["chain"]
+    if chain["status"] != "ok":
+        rows.append(Row("5", "chain load (bench/chain_load.py)", router=f"n/a ({chain['why']})",
+                        target=f"1,000 turns <= {T_CHAIN_MS:.0f} ms"))
+    else:
+        for row in chain["rows"]:
+            rows.append(_chain_row(row))
+    return rows
+
+
+def _chain_row(row: dict[str, Any]) -> Row:
+    """One row of chain_load.run(); keys are that module's, shown as they come."""
+    text = ", ".join(f"{k}={_fmt(v)}" for k, v in row.items())
+    turns = row.get("turns") or row.get("depth") or row.get("n")
+    ms_keys = [k for k in row if k.endswith("_ms") or k == "ms"]
+    verdict = ""
+    if turns == 1000 and ms_keys:
+        key = "p50_ms" if "p50_ms" in row else ms_keys[0]
+        if isinstance(row[key], (int, float)):
+            verdict = _verdict(float(row[key]), T_CHAIN_MS)
+    return Row("5", "chain load", router=text, target=f"1,000 turns <= {T_CHAIN_MS:.0f} ms", verdict=verdict)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+HEADER = ("#", "measure", "direct to sim / sim", "router", "ratio", "target", "verdict")
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The rows as a markdown table with aligned columns (readable as plain text too)."""
+    cells = [HEADER] + [(r.item, r.measure, r.baseline, r.router, r.ratio, r.target, r.verdict) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    lines = ["| " + " | ".join(c[i].ljust(widths[i]) for i in range(len(HEADER))) + " |" for c in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def results_entry(info: dict[str, str], table: str, notes: list[str]) -> str:
+    """One dated section for bench/RESULTS.md."""
+    head = [f"## Run {info['date']}", "",
+            f"- machine: nproc {info['nproc']}, CPU {info['cpu']}, Python {info['python']}, kernel {info['kernel']}"]
+    head += [f"- {n}" for n in notes]
+    return "\n".join(head + ["", table, ""]) + "\n"

@@ -1,0 +1,173 @@
+"""The benchmark suite, one command: ``.venv/bin/python bench/run.py [--quick]``.
+
+Starts sim workers (zero-latency unless a request's marker paces them) and
+the router as real processes, drives them from a pinned load-generator
+process, prints a table of ratios against the targets of the performance
+issue and appends it, with the machine's description, to bench/RESULTS.md.
+
+Phases: (A) one sim + one router: direct chat baseline, chat passthrough
+(when the route exists), /v1/responses non-stream, streaming CPU per token;
+(B) a fresh sim + router: 1,000 concurrent open streams (RSS per stream);
+(C) bench/chain_load.py's run() when that file exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import procs, report, scenarios  # noqa: E402
+from bench.scenarios import Layout, Settings  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+
+
+def choose_layout(kind: str) -> Layout:
+    """CPU pinning. 'auto': the load generator alone on the last CPU; with 3+ CPUs the router
+    and the sim get one each, with 2 they share CPU 0. 'router-alone' (2+ CPUs): the router
+    alone on CPU 0, sim and load generator share the rest. 'none': nothing pinned."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if kind == "none" or not procs.can_pin():
+        return Layout()
+    if kind == "router-alone":
+        return Layout(loadgen=cpus[1:], router=cpus[:1], sim=cpus[1:])
+    if len(cpus) >= 3:
+        return Layout(loadgen=[cpus[2]], router=[cpus[0]], sim=[cpus[1]])
+    return Layout(loadgen=[cpus[-1]], router=[cpus[0]], sim=[cpus[0]])
+
+
+def describe_source(rev: str | None) -> str:
+    """Which router code ran: a git revision, or the working tree (read-only git queries)."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip()
+    if rev:
+        return f"git revision {rev} ({git('rev-parse', '--short', rev)}), exported with git archive"
+    dirty = [line for line in git("status", "--porcelain").splitlines() if not line[3:].startswith("bench/")]
+    return f"working tree at {git('rev-parse', '--short', 'HEAD')}" + (
+        f" with {len(dirty)} uncommitted changes outside bench/" if dirty else "")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller counts (~1 minute)")
+    p.add_argument("--rev", help="run the router and sim of this git revision (git archive) "
+                                 "instead of the working tree, e.g. HEAD while the tree is mid-edit")
+    p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="auto", help="CPU pinning")
+    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (configs, logs, SQLite files)")
+    for name, default in vars(Settings()).items():
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
+                           help=f"default {default} ({getattr(Settings.quick(), name)} with --quick)")
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    s = Settings.quick() if args.quick else Settings()
+    for name in vars(s):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(s, name, value)
+    return s
+
+
+def _step(msg: str) -> float:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+    return time.perf_counter()
+
+
+def run_all(s: Settings, layout: Layout, src: Path, workdir: Path) -> dict[str, Any]:
+    """Phases A, B, C; every process stopped on the way out."""
+    res: dict[str, Any] = {}
+    sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
+    try:
+        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+        try:
+            _step("direct chat completions to the sim (baseline), c=1 and c=32")
+            res["direct"] = scenarios.direct_chat(sim, s, layout)
+            _step("item 1: chat passthrough through the router")
+            res["chat"] = scenarios.chat_passthrough(router, sim, s, layout)
+            _step("item 2: /v1/responses non-stream, store=true, c=1 and c=32")
+            res["responses"] = scenarios.responses_nonstream(router, sim, s, layout)
+            _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
+            res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
+        finally:
+            router.stop()
+    finally:
+        sim.stop()
+
+    _step(f"item 4: {s.open_streams} concurrent open streams (fresh sim and router)")
+    sim = procs.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
+    try:
+        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+        try:
+            res["open"] = scenarios.open_streams(router, sim, s, layout)
+        finally:
+            router.stop()
+    finally:
+        sim.stop()
+
+    _step("item 5: chain load (bench/chain_load.py)")
+    res["chain"] = scenarios.chain_load()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    s = settings_from(args)
+    layout = choose_layout(args.layout)
+    nofile = procs.raise_nofile(max(8192, s.open_streams * 4 + 256))  # the router holds 2 sockets per stream
+    workdir = Path(tempfile.mkdtemp(prefix="responses-router-bench-"))
+    t0 = _step(f"work folder {workdir}; {layout.describe()}; RLIMIT_NOFILE {nofile}")
+    src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
+    source = describe_source(args.rev)
+    ok = False
+    try:
+        res = run_all(s, layout, src, workdir)
+        ok = True
+    finally:
+        if ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"[bench] logs kept in {workdir}", file=sys.stderr)
+    elapsed = time.perf_counter() - t0
+
+    table = report.markdown_table(report.build_rows(res))
+    print(table)
+    info = procs.machine_info()
+    notes = [
+        f"router code: {source}",
+        f"pinning: {layout.describe()}",
+        f"mode: {'--quick' if args.quick else 'full'}, {elapsed:.0f} s; non-stream answers {s.nonstream_tokens} "
+        f"tokens; c=1: {s.c1_requests} requests after {s.c1_warmup} warm-up, c=32: {s.c32_requests} after "
+        f"{s.c32_warmup}",
+        f"sim: zero-latency (`--max-concurrency 2000`), streams paced per request with `[sim:itl_ms=N]` (same "
+        f"as `--itl-ms N`): {s.stream_c1_itl_ms} ms/token for 1 stream ({s.stream_c1_rounds} in a row), "
+        f"{s.stream_c64_itl_ms} ms/token for {s.stream_c64} streams, {s.open_itl_ms} ms/token x {s.open_tokens} "
+        f"tokens for {s.open_streams} streams",
+        "CPU: router /proc/PID/stat utime+stime delta over the measured phase (schedstat ns sum as a cross-check), "
+        "divided by requests or by tokens delivered (output_text.delta events counted by the client)",
+    ]
+    if not args.no_append:
+        with RESULTS.open("a") as f:
+            if RESULTS.stat().st_size == 0:
+                f.write("# Benchmark results\n\nAppended by `bench/run.py`; newest last.\n\n")
+            f.write(report.results_entry(info, table, notes))
+        print(f"\nappended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

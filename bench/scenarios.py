@@ -1,0 +1,188 @@
+"""The measurements (items 1-6 of the benchmark), each a function over running processes.
+
+Every function takes the processes it drives plus ``Settings`` and returns
+plain dicts; ``bench/report.py`` turns them into the table. The load itself
+always runs in a separate, pinned process (``bench/load.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.load import Job
+from bench.procs import MODEL, ROOT, Proc, http_post
+
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass
+class Layout:
+    """Which CPUs each process is pinned to (empty list: not pinned)."""
+
+    loadgen: list[int] = field(default_factory=list)
+    router: list[int] = field(default_factory=list)
+    sim: list[int] = field(default_factory=list)
+
+    def describe(self) -> str:
+        def cpus(c: list[int]) -> str:
+            return "cpu " + ",".join(map(str, c)) if c else "unpinned"
+        return f"load generator: {cpus(self.loadgen)}; router: {cpus(self.router)}; sim: {cpus(self.sim)}"
+
+
+@dataclass
+class Settings:
+    """Request counts and stream shapes; ``--quick`` shrinks them."""
+
+    nonstream_tokens: int = 16
+    c1_requests: int = 2000
+    c1_warmup: int = 200
+    c32_requests: int = 10000
+    c32_warmup: int = 1000
+    stream_tokens: int = 1000
+    stream_c1_rounds: int = 4  # sequential 1-stream runs (CPU ticks are 10 ms: give them enough work)
+    stream_c1_itl_ms: int = 1
+    stream_c64: int = 64
+    stream_c64_itl_ms: int = 10
+    open_streams: int = 1000
+    open_tokens: int = 200
+    open_itl_ms: int = 20
+    max_s: float = 90.0
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(c1_requests=500, c1_warmup=100, c32_requests=3000, c32_warmup=300, stream_c1_rounds=2,
+                   stream_c64_itl_ms=8, open_tokens=100)
+
+
+def run_load(job: Job) -> dict[str, Any]:
+    """Run one job in a fresh load-generator process; its JSON result."""
+    argv = [sys.executable, "-m", "bench.load", json.dumps(asdict(job))]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=job.max_s + 120)
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return dict(orjson.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+def chat_body(tokens: int, *, stream: bool = False, itl_ms: int | None = None) -> str:
+    """A chat-completions body; the sim reads its markers from the last user message."""
+    text = f"Benchmark request, answer briefly [sim:tokens={tokens}]" + (f" [sim:itl_ms={itl_ms}]" if itl_ms else "")
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body)
+
+
+def responses_body(tokens: int, *, stream: bool = False, itl_ms: int | None = None) -> str:
+    """A /v1/responses body with ``store: true``; it reaches the sim as the same user message as ``chat_body``."""
+    text = f"Benchmark request, answer briefly [sim:tokens={tokens}]" + (f" [sim:itl_ms={itl_ms}]" if itl_ms else "")
+    return json.dumps({"model": MODEL, "input": text, "store": True, "stream": stream})
+
+
+def _closed(port: int, path: str, body: str, concurrency: int, requests: int, warmup: int,
+            layout: Layout, watch: dict[str, int], max_s: float) -> dict[str, Any]:
+    return run_load(Job(kind="closed", port=port, path=path, body=body, concurrency=concurrency, requests=requests,
+                        warmup=warmup, cpus=layout.loadgen, watch=watch, max_s=max_s))
+
+
+def _levels(s: Settings) -> list[tuple[int, int, int]]:
+    return [(1, s.c1_requests, s.c1_warmup), (32, s.c32_requests, s.c32_warmup)]
+
+
+# ---------------------------------------------------------------- items 1, 2, 6
+
+
+def direct_chat(sim: Proc, s: Settings, layout: Layout) -> dict[int, dict[str, Any]]:
+    """The baseline: POST /v1/chat/completions straight to the sim, at concurrency 1 and 32."""
+    body = chat_body(s.nonstream_tokens)
+    return {c: _closed(sim.port, "/v1/chat/completions", body, c, n, w, layout, {"sim": sim.pid}, s.max_s)
+            for c, n, w in _levels(s)}
+
+
+def router_has_chat_route(router: Proc) -> bool:
+    """True once the router answers POST /v1/chat/completions with anything but 404/405."""
+    status, _ = http_post(router.url + "/v1/chat/completions", chat_body(4).encode())
+    return status not in (0, 404, 405)
+
+
+def chat_passthrough(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[int, dict[str, Any]] | None:
+    """Item 1: the same chat body through the router's passthrough route; None while the route is missing."""
+    if not router_has_chat_route(router):
+        return None
+    body = chat_body(s.nonstream_tokens)
+    watch = {"router": router.pid, "sim": sim.pid}
+    return {c: _closed(router.port, "/v1/chat/completions", body, c, n, w, layout, watch, s.max_s)
+            for c, n, w in _levels(s)}
+
+
+def responses_nonstream(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[int, dict[str, Any]]:
+    """Item 2: POST /v1/responses, non-stream, store: true (SQLite), at concurrency 1 and 32."""
+    body = responses_body(s.nonstream_tokens)
+    watch = {"router": router.pid, "sim": sim.pid}
+    return {c: _closed(router.port, "/v1/responses", body, c, n, w, layout, watch, s.max_s)
+            for c, n, w in _levels(s)}
+
+
+# ---------------------------------------------------------------- items 3, 4
+
+
+def streaming_cpu(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[int, dict[str, Any]]:
+    """Item 3: router CPU per streamed token at 1 and ``stream_c64`` concurrent streams of ``stream_tokens``.
+
+    Pacing comes from the sim's ``[sim:itl_ms=N]`` marker (the per-request form of
+    ``--itl-ms``): one token per upstream write, so one per router read as long as
+    the router keeps up; ``chunks`` (router writes seen by the client) tells."""
+    watch = {"router": router.pid, "sim": sim.pid}
+    out = {}
+    for streams, rounds, itl in ((1, s.stream_c1_rounds, s.stream_c1_itl_ms), (s.stream_c64, 1, s.stream_c64_itl_ms)):
+        job = Job(kind="streams", port=router.port, path="/v1/responses",
+                  body=responses_body(s.stream_tokens, stream=True, itl_ms=itl), streams=streams, rounds=rounds,
+                  warmup_streams=min(streams, 4), expect_tokens=s.stream_tokens, cpus=layout.loadgen, watch=watch,
+                  max_s=s.max_s)
+        result = run_load(job)
+        result["itl_ms"] = itl
+        out[streams] = result
+    return out
+
+
+def open_streams(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[str, Any]:
+    """Item 4: ``open_streams`` concurrent streams; router VmRSS at peak vs idle, and how many complete."""
+    job = Job(kind="streams", port=router.port, path="/v1/responses",
+              body=responses_body(s.open_tokens, stream=True, itl_ms=s.open_itl_ms), streams=s.open_streams,
+              rounds=1, warmup_streams=8, expect_tokens=s.open_tokens, cpus=layout.loadgen,
+              watch={"router": router.pid, "sim": sim.pid}, max_s=s.max_s, rss_interval_s=0.05,
+              nofile=s.open_streams * 2 + 256)
+    result = run_load(job)
+    result["itl_ms"] = s.open_itl_ms
+    return result
+
+
+# ---------------------------------------------------------------- item 5
+
+
+def chain_load() -> dict[str, Any]:
+    """Item 5: ``bench/chain_load.py``'s ``run()`` when that file exists (someone else writes it)."""
+    path = BENCH / "chain_load.py"
+    if not path.exists():
+        return {"status": "n/a", "why": "bench/chain_load.py does not exist yet"}
+    t0 = time.perf_counter()
+    try:
+        spec = importlib.util.spec_from_file_location("bench.chain_load", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        rows = list(module.run())
+    except Exception as exc:  # someone else's code: report, never crash the suite
+        return {"status": "error", "why": f"{type(exc).__name__}: {exc}"}
+    return {"status": "ok", "rows": [dict(r) for r in rows], "wall_s": time.perf_counter() - t0}

@@ -1,0 +1,345 @@
+"""Responses items <-> harmony tokens, for gpt-oss pools (openai-harmony).
+
+The router renders the prompt itself (``render_prompt``), sends token ids to
+the worker's token-level generate endpoint with ``stop_token_ids``, and turns
+the generated ids back into normalized deltas (``HarmonyParser``).
+
+Pure: no I/O. The ``HarmonyEncoding`` is a parameter; loading it
+(``load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)``) needs
+``o200k_base.tiktoken`` in ``$TIKTOKEN_ENCODINGS_BASE`` (see harmony_vocab.py).
+
+Chain-of-thought rule (explicit here, not left to openai-harmony): analysis
+messages (``reasoning`` items) that come before the LAST final-channel
+assistant message are dropped; those after it (a tool loop in progress) are
+kept. openai-harmony's own ``auto_drop_analysis`` (0.0.8) drops analysis only
+when the conversation's last assistant message is final, and then only the
+analysis before the FIRST final message, so it keeps old turns' CoT in a
+multi-turn history and all of it during a tool loop; it is switched off.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyEncoding,
+    Message,
+    ReasoningEffort,
+    RenderConversationConfig,
+    Role,
+    StreamableParser,
+    SystemContent,
+    ToolDescription,
+)
+
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from router.protocol.errors import InvalidRequest
+from router.protocol.ids import new_id
+from router.protocol.items import Item, message_text
+
+KNOWLEDGE_CUTOFF = "2024-06"  # gpt-oss's
+_EFFORT = {
+    "minimal": ReasoningEffort.LOW, "none": ReasoningEffort.LOW, "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH, "xhigh": ReasoningEffort.HIGH,
+}
+_KEEP_ALL = RenderConversationConfig(auto_drop_analysis=False)  # dropping is done here, see the module doc
+_JSON = "<|constrain|>json"
+_BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.with_python_tool}
+
+
+# -- items -> prompt tokens ------------------------------------------------------
+
+
+def render_prompt(
+    items: Sequence[Item],
+    *,
+    instructions: str | None,
+    tools: Sequence[dict[str, Any]] | None,
+    reasoning_effort: str | None,
+    encoding: HarmonyEncoding,
+    knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
+    current_date: str | None = None,
+    builtin_tools: Sequence[str] = (),
+) -> list[int]:
+    """History + this turn's input -> prompt token ids ending in ``<|start|>assistant``.
+
+    ``reasoning_effort``: low/medium/high (None -> medium; minimal/none -> low, xhigh -> high).
+    ``current_date``: ``YYYY-MM-DD``; None -> today (UTC). Pass the conversation's start
+    date to keep the prompt prefix, and so the engine's prefix cache, stable across turns.
+    ``tools``: Responses tools; ``function`` tools become the developer ``functions``
+    namespace, other types are left to the caller (``builtin_tools`` names harmony's
+    own ``browser`` / ``python`` namespaces for the system message).
+    """
+    effort = _EFFORT.get((reasoning_effort or "medium").lower(), ReasoningEffort.MEDIUM)
+    date = current_date or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    system = (
+        SystemContent.new()
+        .with_reasoning_effort(effort)
+        .with_conversation_start_date(date)
+        .with_knowledge_cutoff(knowledge_cutoff)
+    )
+    for name in builtin_tools:
+        system = _BUILTIN[name](system)
+    messages = [Message.from_role_and_content(Role.SYSTEM, system)]
+
+    folded = [instructions] if instructions else []
+    folded += [message_text(it) for it in items if it.get("type") == "message" and it.get("role") in ("system", "developer")]
+    functions = [
+        ToolDescription.new(t["name"], t.get("description") or "", t.get("parameters"))
+        for t in tools or ()
+        if t.get("type") == "function"
+    ]
+    if folded or functions:
+        developer = DeveloperContent.new()
+        if folded:
+            developer = developer.with_instructions("\n\n".join(folded))
+        if functions:
+            developer = developer.with_function_tools(functions)
+        messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+
+    messages += _history(items)
+    conversation = Conversation.from_messages(messages)
+    return list(encoding.render_conversation_for_completion(conversation, Role.ASSISTANT, _KEEP_ALL))
+
+
+def _history(items: Sequence[Item]) -> list[Message]:
+    """User turns and assistant history as harmony messages (old CoT dropped)."""
+    last_final = max((i for i, it in enumerate(items) if _is_final(it)), default=-1)
+    names: dict[str, str] = {}  # call_id -> function name
+    out: list[Message] = []
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "message":
+            role = item.get("role")
+            if role == "user":
+                out.append(Message.from_role_and_content(Role.USER, message_text(item)))
+            elif role == "assistant":
+                channel = "commentary" if item.get("phase") == "commentary" else "final"
+                out.append(Message.from_role_and_content(Role.ASSISTANT, message_text(item)).with_channel(channel))
+            # system / developer text is folded into the developer message
+        elif kind == "reasoning":
+            if i > last_final:
+                text = _reasoning_text(item)
+                if text:
+                    out.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
+        elif kind == "function_call":
+            names[item["call_id"]] = item["name"]
+            out.append(
+                Message.from_role_and_content(Role.ASSISTANT, item.get("arguments") or "{}")
+                .with_channel("commentary")
+                .with_recipient("functions." + item["name"])
+                .with_content_type(_JSON)
+            )
+        elif kind == "function_call_output":
+            name = names.get(item.get("call_id", ""))
+            if name is None:
+                raise InvalidRequest(
+                    f"No tool call found for function call output with call_id {item.get('call_id')!r}.",
+                    param="input",
+                )
+            author = Author.new(Role.TOOL, "functions." + name)
+            out.append(
+                Message.from_author_and_content(author, _output_text(item.get("output")))
+                .with_channel("commentary")
+                .with_recipient("assistant")
+            )
+        # other item types (built-in tool calls, MCP) are rendered by the tool loop's work, later
+    return out
+
+
+def _is_final(item: Item) -> bool:
+    return item.get("type") == "message" and item.get("role") == "assistant" and item.get("phase") != "commentary"
+
+
+def _reasoning_text(item: Item) -> str:
+    parts = item.get("content") or item.get("summary") or ()
+    return "".join(p.get("text") or "" for p in parts if isinstance(p, dict))
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(p.get("text") or "" for p in output if isinstance(p, dict))
+    return json.dumps(output)
+
+
+def stop_token_ids(encoding: HarmonyEncoding) -> list[int]:
+    """``<|return|>`` and ``<|call|>``: where an assistant action ends (not ``<|end|>``)."""
+    return list(encoding.stop_tokens_for_assistant_actions())
+
+
+# -- generated tokens -> deltas --------------------------------------------------
+
+_REASONING, _TEXT, _COMMENTARY, _TOOL, _IGNORE = range(5)
+
+
+class HarmonyParser:
+    """Generated token ids -> deltas, for one turn; wraps ``StreamableParser``.
+
+    Channels: ``analysis`` -> ReasoningDelta; ``final`` (or none) -> TextDelta;
+    ``commentary`` without a recipient -> TextDelta(phase="commentary"); any message
+    with a recipient (on any channel) -> ToolCallDelta: ``functions.X`` -> name X,
+    anything else (``browser.search``, ``python``, ``container.exec``, ...) -> name =
+    the recipient, for the tool loop to decide. Messages of other authors (a model
+    imagining a tool's answer) are ignored.
+
+    Endings: ``<|return|>`` or ``<|call|>`` end the turn at once in ``feed`` (later
+    tokens are ignored) with Finish("tool_calls") if the turn made a call, else
+    Finish("stop"). Otherwise ``finish(engine_reason)`` ends it: "length" ->
+    Finish("length"), anything else (an engine that strips the stop token, an
+    abort) -> "tool_calls" if the turn made a call, else "stop".
+    A message whose header never completed (the model wrote plain text, no channel
+    tokens) is flushed as text when it ends or at ``finish``.
+
+    Invalid sequences never raise: an error of the parser (or a bad id) stops the
+    parsing; what was produced stays, later tokens are ignored, ``done`` turns true
+    (the caller may abort the engine) and ``error`` says why; ``finish`` then ends
+    as above. Exactly one Finish is produced per parser.
+    """
+
+    def __init__(self, encoding: HarmonyEncoding) -> None:
+        self._enc = encoding
+        self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
+        self._return, self._call = (encoding.encode(t, allowed_special="all")[0] for t in ("<|return|>", "<|call|>"))
+        self._state = "Header"  # mirrors the parser's state; it only changes on special tokens
+        self._header: list[int] = []  # tokens of a header not yet complete
+        self._kind = _IGNORE  # what the current message's content becomes
+        self._index = -1  # the current tool call's index
+        self._calls = 0
+        self._finished = False
+        self.done = False
+        self.error: str | None = None
+
+    def feed(self, token_ids: Iterable[int]) -> list[Delta]:
+        out: list[Delta] = []
+        if self.done:
+            return out
+        parser = self._parser
+        for token in token_ids:
+            try:
+                special = self._enc.is_special_token(token)
+                parser.process(token)
+                if special:
+                    self._transition(token, out)
+                    if self.done:
+                        break
+                elif self._state == "Content":
+                    delta = parser.last_content_delta
+                    if delta:
+                        self._content(delta, out)
+                elif self._state == "Header":
+                    self._header.append(token)
+            except Exception as exc:  # noqa: BLE001 - garbage must never raise
+                self.error = f"{type(exc).__name__}: {exc}"
+                self.done = True
+                break
+        return _merge(out)
+
+    def finish(self, reason_from_engine: str | None = None, usage: Usage | None = None) -> list[Delta]:
+        out: list[Delta] = []
+        if not self._finished:
+            if self._state == "Header":
+                self._flush_header(out)
+            if reason_from_engine == "length":
+                out.append(Finish("length"))
+            else:
+                out.append(Finish("tool_calls" if self._calls else "stop"))
+            self._finished = self.done = True
+        if usage is not None:
+            out.append(usage)
+        return _merge(out)
+
+    # -- internals ---------------------------------------------------------
+
+    def _transition(self, token: int, out: list[Delta]) -> None:
+        before = self._state
+        self._state = state = self._parser.state_data["state"]
+        if state == "Header":
+            # <|start|> opens a header: kept in it, so a cut header is never flushed as text
+            self._header = [*self._header, token] if before == "Header" else [token]
+        elif state == "Content":
+            if before == "Header":
+                self._open(out)
+            else:  # a special token inside content is content (as openai-harmony parses it)
+                delta = self._parser.last_content_delta
+                if delta:
+                    self._content(delta, out)
+        elif before == "Header":  # a stop token ended a message that never had a header
+            self._flush_header(out)
+        if token == self._return or token == self._call:
+            self._flush_header(out)
+            out.append(Finish("tool_calls" if self._calls else "stop"))
+            self._finished = self.done = True
+
+    def _open(self, out: list[Delta]) -> None:
+        parser = self._parser
+        self._header = []
+        recipient = parser.current_recipient
+        channel = parser.current_channel
+        if parser.current_role != Role.ASSISTANT:
+            kind = _IGNORE
+        elif recipient:
+            kind = _TOOL
+        elif channel == "analysis":
+            kind = _REASONING
+        elif channel == "commentary":
+            kind = _COMMENTARY
+        else:
+            kind = _TEXT
+        self._kind = kind
+        if kind == _TOOL:
+            self._index = self._calls
+            self._calls += 1
+            name = recipient[len("functions.") :] if recipient.startswith("functions.") else recipient
+            out.append(ToolCallDelta(self._index, new_id("call"), name))
+
+    def _content(self, text: str, out: list[Delta]) -> None:
+        kind = self._kind
+        if kind == _TOOL:
+            out.append(ToolCallDelta(self._index, arguments=text))
+        elif kind == _REASONING:
+            out.append(ReasoningDelta(text))
+        elif kind == _TEXT:
+            out.append(TextDelta(text))
+        elif kind == _COMMENTARY:
+            out.append(TextDelta(text, phase="commentary"))
+
+    def _flush_header(self, out: list[Delta]) -> None:
+        """A header that never completed: plain text if it holds no special token, else dropped."""
+        tokens, self._header = self._header, []
+        if tokens and not any(self._enc.is_special_token(t) for t in tokens):
+            try:
+                text = self._enc.decode(tokens)
+            except Exception:  # noqa: BLE001 - an id outside the vocabulary
+                return
+            if text:
+                out.append(TextDelta(text))
+
+
+def _merge(deltas: list[Delta]) -> list[Delta]:
+    """Adjacent fragments of the same kind as one delta: fewer events per upstream read."""
+    if len(deltas) < 2:
+        return deltas
+    out: list[Delta] = [deltas[0]]
+    for delta in deltas[1:]:
+        last = out[-1]
+        kind = type(delta)
+        if kind is type(last):
+            if kind is TextDelta and delta.phase == last.phase and not delta.logprobs and not last.logprobs:
+                out[-1] = TextDelta(last.text + delta.text, phase=last.phase)
+                continue
+            if kind is ReasoningDelta:
+                out[-1] = ReasoningDelta(last.text + delta.text)
+                continue
+            if kind is ToolCallDelta and delta.index == last.index and delta.call_id is None and delta.name is None:
+                out[-1] = ToolCallDelta(last.index, last.call_id, last.name, last.arguments + delta.arguments)
+                continue
+        out.append(delta)
+    return out

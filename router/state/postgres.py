@@ -1,0 +1,275 @@
+"""The multi-replica Store: PostgreSQL through an asyncpg connection pool.
+
+Same semantics as the SQLite store (see the contract in router/state/store.py):
+owner isolation at every hop, ``previous_response_id`` a plain column (a
+deleted or expired ancestor ends a chain), items replaced wholesale on every
+``put_response``, history in one recursive query.
+
+JSON (response bodies and items) is stored as ``bytea`` holding orjson's
+bytes, not as JSONB: nothing queries inside it, the router only writes and
+reads it back whole, and the bytes round-trip exactly (JSONB reorders keys,
+rewrites numbers and refuses ``\\u0000`` in strings). It is also faster:
+bench/chain_load.py measured both (numbers in the module docstring there).
+
+Schema migrations run at ``open()`` inside one transaction holding a
+``pg_advisory_xact_lock``, so replicas starting at once apply them one at a
+time; ``schema_migrations`` records each version applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import orjson
+
+from router.state.store import Item, ItemPage, Order, StoredResponse
+
+INPUT, OUTPUT = 0, 1
+# A chain deeper than this is treated as corrupt (a cycle written by a bug)
+# and cut, so the recursive query can never run forever.
+MAX_CHAIN_DEPTH = 100_000
+# Expired responses deleted per purge transaction (rows locked by a writer are skipped).
+PURGE_BATCH = 1000
+# The advisory lock key held while migrating ("RespRout").
+MIGRATION_LOCK = 0x52657370526F7574
+
+# MIGRATIONS[n] takes the schema from version n to n + 1. Append only.
+MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            previous_response_id TEXT,
+            created_at BIGINT,
+            status TEXT,
+            expires_at BIGINT,
+            body BYTEA NOT NULL
+        )""",
+        "CREATE INDEX responses_by_expiry ON responses (expires_at) WHERE expires_at IS NOT NULL",
+        # The primary key serves every lookup: the chain walk, history, and a
+        # response's input items (an ``after`` id is found among them).
+        """CREATE TABLE items (
+            response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE,
+            kind SMALLINT NOT NULL,
+            position INTEGER NOT NULL,
+            item_id TEXT,
+            body BYTEA NOT NULL,
+            PRIMARY KEY (response_id, kind, position)
+        )""",
+    ],
+]
+
+_MIGRATIONS_TABLE = """CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)"""
+
+# "Not expired", with the store's clock as $3 (every query below puts it there).
+_LIVE = "(expires_at IS NULL OR expires_at > $3)"
+
+_GET_SQL = f"SELECT body FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}"
+
+_HISTORY_SQL = f"""
+WITH RECURSIVE chain (id, prev, depth) AS (
+    SELECT id, previous_response_id, 0 FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}
+    UNION ALL
+    SELECT r.id, r.previous_response_id, c.depth + 1
+    FROM chain c JOIN responses r ON r.id = c.prev
+    WHERE r.owner = $2 AND (r.expires_at IS NULL OR r.expires_at > $3) AND c.depth < $4
+)
+SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
+ORDER BY c.depth DESC, i.kind, i.position
+"""
+
+_UPSERT_SQL = """
+INSERT INTO responses AS r (id, owner, previous_response_id, created_at, status, expires_at, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (id) DO UPDATE SET
+    previous_response_id = excluded.previous_response_id,
+    created_at = excluded.created_at,
+    status = excluded.status,
+    expires_at = excluded.expires_at,
+    body = excluded.body
+WHERE r.owner = excluded.owner
+RETURNING 1
+"""
+
+_INSERT_ITEMS_SQL = """
+INSERT INTO items (response_id, kind, position, item_id, body)
+SELECT $1, t.kind, t.position, t.item_id, t.body
+FROM unnest($2::smallint[], $3::integer[], $4::text[], $5::bytea[]) AS t (kind, position, item_id, body)
+"""
+
+# An expired response is deleted too, but reported as not there.
+_DELETE_SQL = f"DELETE FROM responses WHERE id = $1 AND owner = $2 RETURNING {_LIVE}"
+
+_PURGE_SQL = """
+DELETE FROM responses WHERE id IN (
+    SELECT id FROM responses WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+"""
+
+# One statement, so one snapshot: no row when the response is unknown; a NULL
+# bound when ``after`` ($4) is not one of its input items; else the page.
+_LIST_SQL = f"""
+SELECT b.bound, ARRAY(
+    SELECT i.body FROM items i
+    WHERE i.response_id = $1 AND i.kind = {INPUT} AND i.position {{cmp}} b.bound
+    ORDER BY i.position {{direction}} LIMIT $6
+) AS page
+FROM responses r, LATERAL (
+    SELECT CASE WHEN $4::text IS NULL THEN $5::integer ELSE (
+        SELECT position FROM items
+        WHERE response_id = $1 AND kind = {INPUT} AND item_id = $4
+        ORDER BY position {{direction}} LIMIT 1
+    ) END AS bound
+) b
+WHERE r.id = $1 AND r.owner = $2 AND (r.expires_at IS NULL OR r.expires_at > $3)
+"""
+_LIST = {
+    "asc": _LIST_SQL.format(cmp=">", direction="ASC"),
+    "desc": _LIST_SQL.format(cmp="<", direction="DESC"),
+}
+
+
+class PostgresStore:
+    """``Store`` over a PostgreSQL database, shared by any number of router replicas."""
+
+    def __init__(
+        self, dsn: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.dsn = dsn
+        self.min_size = min_size
+        self.max_size = max_size
+        # Unix seconds; what "expired" is measured against.
+        self.clock = clock
+        self._pool_: asyncpg.Pool | None = None
+
+    @property
+    def _pool(self) -> asyncpg.Pool:
+        if self._pool_ is None:
+            raise RuntimeError("PostgresStore is not open")
+        return self._pool_
+
+    def _now(self) -> int:
+        return int(self.clock())
+
+    async def open(self) -> None:
+        """Create the pool and bring the schema up to date. A second open is a no-op."""
+        if self._pool_ is not None:
+            return
+        pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
+        try:
+            async with pool.acquire() as conn:
+                await self._migrate(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool_ = pool
+
+    @staticmethod
+    async def _migrate(conn: asyncpg.Connection) -> None:
+        """Apply the missing migrations in one transaction, under the advisory lock."""
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute(_MIGRATIONS_TABLE)
+            version = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+            if version > len(MIGRATIONS):
+                raise RuntimeError(f"database schema v{version} is newer than this code's v{len(MIGRATIONS)}")
+            for n in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[n]:
+                    await conn.execute(statement)
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", n + 1)
+
+    async def close(self) -> None:
+        """Close the pool (waiting for connections in use to come back). Idempotent."""
+        pool, self._pool_ = self._pool_, None
+        if pool is not None:
+            await pool.close()
+
+    async def put_response(self, response: StoredResponse) -> None:
+        """Upsert the response and replace all its items in one transaction.
+
+        Raises PermissionError when the id exists under another owner. The
+        upsert locks the response's row, so concurrent puts of one id run one
+        after the other and the last one's items win whole.
+        """
+        r = response
+        # Serialize before touching the database: a bad item fails with nothing written.
+        body = orjson.dumps(r.body)
+        kinds: list[int] = []
+        positions: list[int] = []
+        item_ids: list[str | None] = []
+        bodies: list[bytes] = []
+        for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
+            for position, item in enumerate(items):
+                kinds.append(kind)
+                positions.append(position)
+                item_ids.append(item.get("id") if isinstance(item.get("id"), str) else None)
+                bodies.append(orjson.dumps(item))
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, r.expires_at, body)
+            if await conn.fetchval(_UPSERT_SQL, *row) is None:
+                # The id exists under another owner: never let one key overwrite another's.
+                raise PermissionError(f"response {r.id!r} belongs to another owner")
+            # A statement of its own: its snapshot sees the items of a put we waited for.
+            await conn.execute("DELETE FROM items WHERE response_id = $1", r.id)
+            if bodies:
+                await conn.execute(_INSERT_ITEMS_SQL, r.id, kinds, positions, item_ids, bodies)
+
+    async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        body = await self._pool.fetchval(_GET_SQL, response_id, owner, self._now())
+        return None if body is None else orjson.loads(body)
+
+    async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
+        """One recursive query; a missing (deleted, expired) ancestor ends the chain there."""
+        rows = await self._pool.fetch(_HISTORY_SQL, response_id, owner, self._now(), MAX_CHAIN_DEPTH)
+        if not rows:
+            return None  # the LEFT JOIN yields >= 1 row for every response found
+        # A response without items yields one row with a NULL body: skip it.
+        return [orjson.loads(body) for (body,) in rows if body is not None]
+
+    async def delete_response(self, response_id: str, owner: str) -> bool:
+        """Items go by ON DELETE CASCADE; children keep their own rows."""
+        return bool(await self._pool.fetchval(_DELETE_SQL, response_id, owner, self._now()))
+
+    async def purge_expired(self, now: int) -> int:
+        """Delete expired responses (items by cascade), PURGE_BATCH per transaction."""
+        total = 0
+        while True:
+            status = await self._pool.execute(_PURGE_SQL, now, PURGE_BATCH)
+            n = int(status.split()[-1])  # "DELETE <n>"
+            total += n
+            if n < PURGE_BATCH:
+                return total
+
+    async def list_input_items(
+        self,
+        response_id: str,
+        owner: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        order: Order = "desc",
+    ) -> ItemPage | None:
+        """A page of input items in ``order``, strictly after item ``after``.
+
+        Raises KeyError(after) when ``after`` is not one of this response's
+        input items, ValueError for a limit below 1 or an unknown order.
+        """
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        start = -1 if order == "asc" else 2**31 - 1
+        args = (response_id, owner, self._now(), after, start, limit + 1)
+        row = await self._pool.fetchrow(_LIST[order], *args)
+        if row is None:
+            return None
+        if row["bound"] is None:
+            raise KeyError(after)
+        page = row["page"]
+        return ItemPage(data=[orjson.loads(body) for body in page[:limit]], has_more=len(page) > limit)

@@ -1,0 +1,222 @@
+"""The output items the assembler builds, each with its own event vocabulary.
+
+An item is appended to ``output`` when announced (``output_item.added``),
+grows with deltas, and is closed (``*.done`` events, ``output_item.done``)
+or abandoned (a failed response keeps it as ``incomplete``, without done events).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from router.protocol.ids import new_id
+
+Event = dict[str, Any]
+
+
+class Sink(Protocol):
+    output: list[dict[str, Any]]
+
+    def event(self, event: Event) -> Event: ...
+
+
+def copy_item(item: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(item)
+    for key in ("content", "summary"):
+        if key in copy:
+            copy[key] = [dict(part) for part in copy[key]]
+    return copy
+
+
+class OpenItem:
+    def __init__(self, sink: Sink, index: int, item: dict[str, Any]) -> None:
+        self.sink = sink
+        self.index = index
+        self.item = item
+
+    def announce(self, events: list[Event]) -> None:
+        self.sink.output.append(self.item)
+        events.append(self.sink.event({"type": "response.output_item.added", "output_index": self.index, "item": copy_item(self.item)}))
+
+    def _done(self, events: list[Event], status: str) -> None:
+        self.item["status"] = status
+        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index, "item": copy_item(self.item)}))
+
+    def _base(self, content_index: int) -> Event:
+        return {"item_id": self.item["id"], "output_index": self.index, "content_index": content_index}
+
+    def close(self, events: list[Event], status: str) -> None:
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        self.item["status"] = "incomplete"
+
+
+class MessageItem(OpenItem):
+    """An assistant message: output_text and refusal parts."""
+
+    def __init__(self, sink: Sink, index: int, phase: str | None) -> None:
+        item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        if phase is not None:
+            item["phase"] = phase
+        super().__init__(sink, index, item)
+        self.phase = phase
+        self._kind: str | None = None  # the open part's type
+        self._chunks: list[str] = []
+
+    def ensure_part(self, events: list[Event], kind: str = "output_text") -> None:
+        if self._kind == kind:
+            return
+        self._close_part(events)
+        part: dict[str, Any] = (
+            {"type": "output_text", "text": "", "annotations": [], "logprobs": []} if kind == "output_text" else {"type": "refusal", "refusal": ""}
+        )
+        self.item["content"].append(part)
+        self._kind = kind
+        events.append(self.sink.event({"type": "response.content_part.added", **self._base(self._part_index), "part": dict(part)}))
+
+    @property
+    def _part_index(self) -> int:
+        return len(self.item["content"]) - 1
+
+    def add_text(self, text: str, logprobs: list[dict[str, Any]] | None, events: list[Event]) -> None:
+        self.ensure_part(events, "output_text")
+        self._chunks.append(text)
+        if logprobs:
+            self.item["content"][-1]["logprobs"].extend(logprobs)
+        events.append(self.sink.event({"type": "response.output_text.delta", **self._base(self._part_index), "delta": text,
+                                       "logprobs": logprobs or []}))
+
+    def add_refusal(self, text: str, events: list[Event]) -> None:
+        self.ensure_part(events, "refusal")
+        self._chunks.append(text)
+        events.append(self.sink.event({"type": "response.refusal.delta", **self._base(self._part_index), "delta": text}))
+
+    def _close_part(self, events: list[Event]) -> None:
+        if self._kind is None:
+            return
+        part = self.item["content"][-1]
+        text = "".join(self._chunks)
+        base = self._base(self._part_index)
+        if self._kind == "output_text":
+            part["text"] = text
+            events.append(self.sink.event({"type": "response.output_text.done", **base, "text": text, "logprobs": part["logprobs"]}))
+        else:
+            part["refusal"] = text
+            events.append(self.sink.event({"type": "response.refusal.done", **base, "refusal": text}))
+        events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
+        self._kind = None
+        self._chunks = []
+
+    def close(self, events: list[Event], status: str) -> None:
+        if not self.item["content"]:
+            self.ensure_part(events)  # a message always has a part, even an empty one
+        self._close_part(events)
+        self._done(events, status)
+
+    def abandon(self) -> None:
+        if self._kind is not None:
+            self.item["content"][-1]["text" if self._kind == "output_text" else "refusal"] = "".join(self._chunks)
+        super().abandon()
+
+
+class ReasoningItem(OpenItem):
+    """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
+
+    def __init__(self, sink: Sink, index: int, summaries: bool) -> None:
+        super().__init__(sink, index, {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
+        self._summaries = summaries
+        self._chunks: list[str] = []
+
+    def announce(self, events: list[Event]) -> None:
+        super().announce(events)
+        part = {"type": "reasoning_text", "text": ""}
+        self.item["content"].append(part)
+        events.append(self.sink.event({"type": "response.content_part.added", **self._base(0), "part": dict(part)}))
+
+    def add(self, text: str, events: list[Event]) -> None:
+        self._chunks.append(text)
+        events.append(self.sink.event({"type": "response.reasoning_text.delta", **self._base(0), "delta": text}))
+
+    def close(self, events: list[Event], status: str) -> None:
+        text = "".join(self._chunks)
+        part = self.item["content"][0]
+        part["text"] = text
+        base = self._base(0)
+        events.append(self.sink.event({"type": "response.reasoning_text.done", **base, "text": text}))
+        events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
+        if self._summaries:
+            self._summary(text, events)
+        self._done(events, status)
+
+    def _summary(self, text: str, events: list[Event]) -> None:
+        # No summarizer model: the summary is the reasoning itself, streamed as one piece.
+        base = {"item_id": self.item["id"], "output_index": self.index, "summary_index": 0}
+        events.append(self.sink.event({"type": "response.reasoning_summary_part.added", **base, "part": {"type": "summary_text", "text": ""}}))
+        events.append(self.sink.event({"type": "response.reasoning_summary_text.delta", **base, "delta": text}))
+        events.append(self.sink.event({"type": "response.reasoning_summary_text.done", **base, "text": text}))
+        summary = {"type": "summary_text", "text": text}
+        self.item["summary"].append(summary)
+        events.append(self.sink.event({"type": "response.reasoning_summary_part.done", **base, "part": dict(summary)}))
+
+    def abandon(self) -> None:
+        self.item["content"][0]["text"] = "".join(self._chunks)
+        super().abandon()
+
+
+class CallItem(OpenItem):
+    """A ``function_call`` (arguments streamed) or a ``custom_tool_call`` (input sent when complete)."""
+
+    def __init__(self, sink: Sink, index: int, kind: str, call_id: str, name: str, namespace: str | None) -> None:
+        if kind == "custom":
+            item: dict[str, Any] = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "in_progress", "call_id": call_id,
+                                    "name": name, "input": ""}
+        else:
+            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id, "name": name,
+                    "arguments": ""}
+        if namespace is not None:
+            item["namespace"] = namespace
+        super().__init__(sink, index, item)
+        self._custom = kind == "custom"
+        self._chunks: list[str] = []
+
+    def add(self, arguments: str, events: list[Event]) -> None:
+        self._chunks.append(arguments)
+        if not self._custom:
+            events.append(self.sink.event({"type": "response.function_call_arguments.delta", "item_id": self.item["id"],
+                                           "output_index": self.index, "delta": arguments}))
+
+    def close(self, events: list[Event], status: str) -> None:
+        arguments = "".join(self._chunks)
+        base = {"item_id": self.item["id"], "output_index": self.index}
+        if self._custom:
+            self.item["input"] = text = _custom_input(arguments)
+            if text:
+                events.append(self.sink.event({"type": "response.custom_tool_call_input.delta", **base, "delta": text}))
+            events.append(self.sink.event({"type": "response.custom_tool_call_input.done", **base, "input": text}))
+        else:
+            self.item["arguments"] = arguments
+            events.append(self.sink.event({"type": "response.function_call_arguments.done", **base, "arguments": arguments,
+                                           "name": self.item["name"]}))
+        self._done(events, status)
+
+    def abandon(self) -> None:
+        arguments = "".join(self._chunks)
+        if self._custom:
+            self.item["input"] = _custom_input(arguments)
+        else:
+            self.item["arguments"] = arguments
+        super().abandon()
+
+
+def _custom_input(arguments: str) -> str:
+    """Custom tools are offered as functions taking {"input": str}; unwrap it (raw text if the model broke the JSON)."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return value["input"]
+    return arguments
