@@ -83,6 +83,14 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def loadavg() -> str:
+    """The 1-minute load average, from /proc/loadavg."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
 def machine_info() -> dict[str, str]:
     """nproc, CPU model, Python version, kernel, date: the header of a results entry."""
     model = "unknown"

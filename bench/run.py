@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="auto", help="CPU pinning")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
     p.add_argument("--keep", action="store_true", help="keep the work folder (configs, logs, SQLite files)")
+    p.add_argument("--items", default="1,2,3,4,5", help="which items to run, e.g. 2,3 (6 comes with 1 and 2)")
     for name, default in vars(Settings()).items():
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
@@ -88,39 +89,46 @@ def _step(msg: str) -> float:
     return time.perf_counter()
 
 
-def run_all(s: Settings, layout: Layout, src: Path, workdir: Path) -> dict[str, Any]:
-    """Phases A, B, C; every process stopped on the way out."""
+def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[str]) -> dict[str, Any]:
+    """Phases A, B, C (those ``items`` need); every process stopped on the way out."""
     res: dict[str, Any] = {}
-    sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
-    try:
-        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+    if items & {"1", "2", "3"}:
+        sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
         try:
-            _step("direct chat completions to the sim (baseline), c=1 and c=32")
-            res["direct"] = scenarios.direct_chat(sim, s, layout)
-            _step("item 1: chat passthrough through the router")
-            res["chat"] = scenarios.chat_passthrough(router, sim, s, layout)
-            _step("item 2: /v1/responses non-stream, store=true, c=1 and c=32")
-            res["responses"] = scenarios.responses_nonstream(router, sim, s, layout)
-            _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
-            res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
+            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+            try:
+                if items & {"1", "2"}:
+                    _step("direct chat completions to the sim (baseline), c=1 and c=32")
+                    res["direct"] = scenarios.direct_chat(sim, s, layout)
+                if "1" in items:
+                    _step("item 1: chat passthrough through the router")
+                    res["chat"] = scenarios.chat_passthrough(router, sim, s, layout)
+                if "2" in items:
+                    _step("item 2: /v1/responses non-stream, store=true, c=1 and c=32")
+                    res["responses"] = scenarios.responses_nonstream(router, sim, s, layout)
+                if "3" in items:
+                    _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
+                    res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
+            finally:
+                router.stop()
         finally:
-            router.stop()
-    finally:
-        sim.stop()
+            sim.stop()
 
-    _step(f"item 4: {s.open_streams} concurrent open streams (fresh sim and router)")
-    sim = procs.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
-    try:
-        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+    if "4" in items:
+        _step(f"item 4: {s.open_streams} concurrent open streams (fresh sim and router)")
+        sim = procs.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
         try:
-            res["open"] = scenarios.open_streams(router, sim, s, layout)
+            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+            try:
+                res["open"] = scenarios.open_streams(router, sim, s, layout)
+            finally:
+                router.stop()
         finally:
-            router.stop()
-    finally:
-        sim.stop()
+            sim.stop()
 
-    _step("item 5: chain load (bench/chain_load.py)")
-    res["chain"] = scenarios.chain_load()
+    if "5" in items:
+        _step("item 5: chain load (bench/chain_load.py)")
+        res["chain"] = scenarios.chain_load()
     return res
 
 
@@ -130,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     layout = choose_layout(args.layout)
     nofile = procs.raise_nofile(max(8192, s.open_streams * 4 + 256))  # the router holds 2 sockets per stream
     workdir = Path(tempfile.mkdtemp(prefix="responses-router-bench-"))
-    t0 = _step(f"work folder {workdir}; {layout.describe()}; RLIMIT_NOFILE {nofile}")
+    load_before = procs.loadavg()
+    t0 = _step(f"work folder {workdir}; {layout.describe()}; RLIMIT_NOFILE {nofile}; load average {load_before}")
     src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
     source = describe_source(args.rev)
     ok = False
     try:
-        res = run_all(s, layout, src, workdir)
+        res = run_all(s, layout, src, workdir, set(args.items.split(",")))
         ok = True
     finally:
         if ok and not args.keep:
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         f"as `--itl-ms N`): {s.stream_c1_itl_ms} ms/token for 1 stream ({s.stream_c1_rounds} in a row), "
         f"{s.stream_c64_itl_ms} ms/token for {s.stream_c64} streams, {s.open_itl_ms} ms/token x {s.open_tokens} "
         f"tokens for {s.open_streams} streams",
+        f"machine load average (1 min) before/after: {load_before} / {procs.loadavg()} "
+        "(other work on the machine skews req/s and latency; CPU per request/token much less)",
         "CPU: router /proc/PID/stat utime+stime delta over the measured phase (schedstat ns sum as a cross-check), "
         "divided by requests or by tokens delivered (output_text.delta events counted by the client)",
     ]
