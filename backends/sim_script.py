@@ -327,9 +327,10 @@ def build_script(engine: str, body: dict, messages: list[dict], markers: dict[st
     names, choice = pick_calls(messages, markers, opts)
     calls = []
     for i, name in enumerate(names):
-        calls.append(ToolCall(call_id(engine), name, compact_json(schema_instance(opts.tools[name]))))
+        args = compact_json(schema_instance(opts.tools[name]))
+        calls.append(ToolCall(call_id(engine), name, args))
         steps.append(Step("call", call=i))
-        steps += [Step("args", piece, i) for piece in chop(calls[-1].arguments, FRAGMENT_CHARS)]
+        steps += [Step("args", piece, i) for piece in chop(args, FRAGMENT_CHARS)]
     if not calls:
         if "refuse" in markers:
             steps += [Step("refusal", t) for t in word_tokens(REFUSAL_TEXT)]

@@ -108,7 +108,7 @@ async def _postgres(turns: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
         return [{"store": "postgres", "error": f"cannot connect ({type(exc).__name__}: {exc}); set {PG_ENV}"}]
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
-        store = PostgresStore(urlunsplit(urlsplit(server)._replace(path="/" + name), min_size=1, max_size=4)
+        store = PostgresStore(urlunsplit(urlsplit(server)._replace(path="/" + name)), min_size=1, max_size=4)
         await store.open()
         try:
             return await measure(store, "postgres", turns, runs)

@@ -62,6 +62,7 @@ class Job:
     token_pattern: str = "event: response.output_text.delta"
     done_pattern: str = "event: response.completed"
     expect_tokens: int = 0
+    ramp_s: float = 0.0  # spread the first round's sends evenly over this long (0: all at once)
     rss_interval_s: float = 0.02
     nofile: int = 8192
 
@@ -164,14 +165,17 @@ class Watcher:
         self.cpu0: dict[str, tuple[float, float]] = {}
         self.rss_idle: dict[str, int] = {}
         self.rss_peak: dict[str, int] = {}
-        self.peak_open: dict[str, int] = {}
-        self.open_now = 0
+        self.at_peak: dict[str, dict[str, int]] = {}
+        # streams the router holds now: requests sent and not answered; and those past their headers
+        self.counts = {"in_flight": 0, "open": 0}
+        self.max_in_flight = 0
+        self.max_open = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         for name, pid in self.watch.items():
             self.rss_idle[name] = self.rss_peak[name] = rss_kb(pid)
-            self.peak_open[name] = 0
+            self.at_peak[name] = dict(self.counts)
         self.cpu0 = {name: (cpu_seconds(pid), sched_seconds(pid)) for name, pid in self.watch.items()}
         self._task = asyncio.get_running_loop().create_task(self._sample())
 
@@ -181,7 +185,7 @@ class Watcher:
             for name, pid in self.watch.items():
                 rss = rss_kb(pid)
                 if rss > self.rss_peak[name]:
-                    self.rss_peak[name], self.peak_open[name] = rss, self.open_now
+                    self.rss_peak[name], self.at_peak[name] = rss, dict(self.counts)
 
     async def stop(self) -> dict[str, Any]:
         cpu1 = {name: (cpu_seconds(pid), sched_seconds(pid)) for name, pid in self.watch.items()}
@@ -194,7 +198,10 @@ class Watcher:
                 "sched_s": cpu1[name][1] - self.cpu0[name][1],
                 "rss_idle_kb": self.rss_idle[name],
                 "rss_peak_kb": self.rss_peak[name],
-                "open_at_peak": self.peak_open[name],
+                "in_flight_at_peak": self.at_peak[name]["in_flight"],
+                "max_in_flight": self.max_in_flight,
+                "max_open": self.max_open,
+                "open_at_peak": self.at_peak[name]["open"],
                 "rss_after_kb": rss_kb(pid),
             }
         return out
@@ -245,28 +252,36 @@ async def run_streams(job: Job) -> dict[str, Any]:
     raw = build_request(job.host, job.port, job.path, job.body.encode())
     token, done = job.token_pattern.encode(), job.done_pattern.encode()
 
-    async def one_round(conns: list[Conn], watcher: Watcher | None) -> list[dict[str, Any]]:
-        async def one(conn: Conn) -> dict[str, Any]:
+    async def one_round(conns: list[Conn], watcher: Watcher | None, ramp_s: float = 0.0) -> list[dict[str, Any]]:
+        async def one(i: int, conn: Conn) -> dict[str, Any]:
+            if ramp_s:
+                await asyncio.sleep(ramp_s * i / len(conns))
             t0 = time.perf_counter()
+            if watcher is not None:
+                watcher.counts["in_flight"] += 1
+                watcher.max_in_flight = max(watcher.max_in_flight, watcher.counts["in_flight"])
             try:
                 status = await conn.request(raw)
             except (OSError, httptools.HttpParserError) as exc:
                 return {"status": 0, "error": repr(exc), "tokens": conn.tokens, "chunks": conn.chunks, "done": False,
                         "ok": False, "s": time.perf_counter() - t0}
             finally:
-                if watcher is not None and conn.headers_at:
-                    watcher.open_now -= 1
+                if watcher is not None:
+                    watcher.counts["in_flight"] -= 1
+                    if conn.headers_at:
+                        watcher.counts["open"] -= 1
             ok = status == 200 and conn.saw_done and (not job.expect_tokens or conn.tokens == job.expect_tokens)
             return {"status": status, "tokens": conn.tokens, "chunks": conn.chunks, "done": conn.saw_done,
                     "ok": ok, "bytes": conn.nbytes, "s": time.perf_counter() - t0}
 
-        return await asyncio.gather(*(one(c) for c in conns))
+        return await asyncio.gather(*(one(i, c) for i, c in enumerate(conns)))
 
     async def open_conns(watcher: Watcher | None) -> list[Conn]:
         conns = await asyncio.gather(*(connect(job.host, job.port, token=token, done=done) for _ in range(job.streams)))
         if watcher is not None:
             def opened() -> None:
-                watcher.open_now += 1
+                watcher.counts["open"] += 1
+                watcher.max_open = max(watcher.max_open, watcher.counts["open"])
             for c in conns:
                 c.on_headers = opened
         return conns
@@ -282,8 +297,8 @@ async def run_streams(job: Job) -> dict[str, Any]:
     t0 = time.perf_counter()
     conns = await open_conns(watcher)
     results: list[dict[str, Any]] = []
-    for _ in range(job.rounds):
-        results += await one_round(conns, watcher)
+    for k in range(job.rounds):
+        results += await one_round(conns, watcher, job.ramp_s if k == 0 else 0.0)
     elapsed = time.perf_counter() - t0
     procs = await watcher.stop()
     for c in conns:

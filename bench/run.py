@@ -114,13 +114,18 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
         finally:
             sim.stop()
 
-    if "4" in items:
-        _step(f"item 4: {s.open_streams} concurrent open streams (fresh sim and router)")
+    shapes = [("open", s.open_tokens, s.open_itl_ms, s.open_ramp_s), ("burst", s.burst_tokens, s.burst_itl_ms, 0.0)]
+    for key, tokens, itl, ramp in shapes if "4" in items else []:
+        if not tokens:
+            continue
+        _step(f"item 4 ({key}): {s.open_streams} concurrent streams of {tokens} tokens at {itl} ms/token "
+              "(fresh sim and router)")
         sim = procs.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
         try:
             router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
             try:
-                res["open"] = scenarios.open_streams(router, sim, s, layout)
+                res[key] = scenarios.open_streams(router, sim, s, layout, tokens=tokens, itl_ms=itl, ramp_s=ramp)
+                res[key]["router_log"] = router.log_tail(5)
             finally:
                 router.stop()
         finally:
@@ -164,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{s.c32_warmup}",
         f"sim: zero-latency (`--max-concurrency 2000`), streams paced per request with `[sim:itl_ms=N]` (same "
         f"as `--itl-ms N`): {s.stream_c1_itl_ms} ms/token for 1 stream ({s.stream_c1_rounds} in a row), "
-        f"{s.stream_c64_itl_ms} ms/token for {s.stream_c64} streams, {s.open_itl_ms} ms/token x {s.open_tokens} "
-        f"tokens for {s.open_streams} streams",
+        f"{s.stream_c64_itl_ms} ms/token for {s.stream_c64} streams; item 4: {s.open_streams} streams of "
+        f"{s.open_tokens} tokens at {s.open_itl_ms} ms/token sent over {s.open_ramp_s:g} s (all open at once "
+        "without overloading the machine)"
+        + (f", then {s.open_streams} sent at once of {s.burst_tokens} tokens at {s.burst_itl_ms} ms/token (burst)"
+           if s.burst_tokens else ""),
         f"machine load average (1 min) before/after: {load_before} / {procs.loadavg()} "
         "(other work on the machine skews req/s and latency; CPU per request/token much less)",
         "CPU: router /proc/PID/stat utime+stime delta over the measured phase (schedstat ns sum as a cross-check), "

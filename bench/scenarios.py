@@ -53,14 +53,19 @@ class Settings:
     stream_c64: int = 64
     stream_c64_itl_ms: int = 10
     open_streams: int = 1000
-    open_tokens: int = 200
-    open_itl_ms: int = 20
+    # 4a: paced so that all streams are open at once without overloading 2 cores (RSS per stream)
+    open_tokens: int = 40
+    open_itl_ms: int = 250
+    open_ramp_s: float = 2.0  # the 1,000 requests are sent evenly over this long
+    # 4b: the burst shape of the issue (20 ms x 200 tokens: ~50k tokens/s asked); 0 tokens skips it
+    burst_tokens: int = 200
+    burst_itl_ms: int = 20
     max_s: float = 90.0
 
     @classmethod
     def quick(cls) -> Settings:
         return cls(c1_requests=500, c1_warmup=100, c32_requests=3000, c32_warmup=300, stream_c1_rounds=2,
-                   stream_c64_itl_ms=8, open_tokens=100)
+                   stream_c64_itl_ms=8, burst_tokens=0)
 
 
 def run_load(job: Job) -> dict[str, Any]:
@@ -156,15 +161,18 @@ def streaming_cpu(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[
     return out
 
 
-def open_streams(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[str, Any]:
-    """Item 4: ``open_streams`` concurrent streams; router VmRSS at peak vs idle, and how many complete."""
+def open_streams(router: Proc, sim: Proc, s: Settings, layout: Layout, *, tokens: int, itl_ms: int,
+                 ramp_s: float) -> dict[str, Any]:
+    """Item 4: ``open_streams`` concurrent streams of ``tokens`` at ``itl_ms``, sent over ``ramp_s``;
+    router VmRSS at peak vs idle (sampled every 50 ms), and how many complete."""
     job = Job(kind="streams", port=router.port, path="/v1/responses",
-              body=responses_body(s.open_tokens, stream=True, itl_ms=s.open_itl_ms), streams=s.open_streams,
-              rounds=1, warmup_streams=8, expect_tokens=s.open_tokens, cpus=layout.loadgen,
+              body=responses_body(tokens, stream=True, itl_ms=itl_ms), streams=s.open_streams,
+              rounds=1, warmup_streams=8, expect_tokens=tokens, cpus=layout.loadgen,
               watch={"router": router.pid, "sim": sim.pid}, max_s=s.max_s, rss_interval_s=0.05,
-              nofile=s.open_streams * 2 + 256)
+              nofile=s.open_streams * 2 + 256, ramp_s=ramp_s)
     result = run_load(job)
-    result["itl_ms"] = s.open_itl_ms
+    result["itl_ms"] = itl_ms
+    result["ramp_s"] = ramp_s
     return result
 
 

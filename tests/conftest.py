@@ -9,13 +9,26 @@ import pytest
 from tests.procs import RouterProcess, sim_pool_toml, start_router
 
 MODEL = "sim-chat"
+# A pool whose model writes <think> tags and whose engine takes reasoning back.
+THINK_MODEL = "sim-think"
+THINK_POOL = '''
+[pools.chat]
+think_tags = true
+reasoning_field = "reasoning_content"
+'''
 
 
 @pytest.fixture(scope="session")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     """One router with a managed pool of two sim workers, shared by the end-to-end tests."""
     tmp: Path = tmp_path_factory.mktemp("router")
-    proc = start_router(tmp, sim_pool_toml() + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n')
+    body = (
+        sim_pool_toml()
+        + sim_pool_toml(name="think", replicas=1)
+        + THINK_POOL
+        + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n[[models]]\nname = "{THINK_MODEL}"\npool = "think"\n'
+    )
+    proc = start_router(tmp, body)
     yield proc
     code = proc.stop()
     assert code == 0, f"router exited with {code}:\n{proc.log()}"

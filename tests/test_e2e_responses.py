@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, THINK_MODEL
 from tests.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -174,13 +174,13 @@ def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
 
 
 def test_models_and_health(client: openai.OpenAI, router) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, THINK_MODEL]
     import urllib.request
 
     with urllib.request.urlopen(router.base_url + "/health") as resp:
         health = json.loads(resp.read())
     assert health["status"] == "ok"
-    (pool,) = health["pools"]
+    pool = health["pools"][0]
     assert pool["name"] == "sim" and pool["healthy_workers"] == 2
     assert all(w["healthy"] for w in pool["workers"])
 

@@ -39,6 +39,10 @@ class ChatOptions:
     accepts_files: bool = False
 
 
+# Item types after which a tool call still belongs to the same assistant turn.
+_SAME_TURN = ("message", "function_call", "custom_tool_call", "reasoning")
+
+
 # -- request --------------------------------------------------------------------------
 
 
@@ -66,8 +70,11 @@ def to_messages(items: list[Item], instructions: str | None, options: ChatOption
         elif kind in ("function_call", "custom_tool_call"):
             call = _tool_call(item)
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and prev in ("message", "function_call", "custom_tool_call"):
+            if last is not None and last["role"] == "assistant" and prev in _SAME_TURN:
                 last.setdefault("tool_calls", []).append(call)
+                if reasoning and options.reasoning_field and options.reasoning_field not in last:
+                    last[options.reasoning_field] = "".join(reasoning)
+                reasoning = []
             else:
                 out.append({**_assistant(None, reasoning, options), "tool_calls": [call]})
                 reasoning = []
@@ -145,7 +152,7 @@ def build_request(
         body["temperature"] = req.temperature
     if req.top_p is not None:
         body["top_p"] = req.top_p
-    if tools.offered and tools.choice.mode != "none":
+    if tools.offered:  # with tool_choice "none" too: the template still shows them, the engine won't call
         body["tools"] = [_chat_tool(t) for t in tools.offered]
         body["tool_choice"] = (
             {"type": "function", "function": {"name": tools.choice.forced}} if tools.choice.forced else tools.choice.mode

@@ -222,9 +222,10 @@ class HarmonyParser:
         if self.done:
             return out
         parser = self._parser
+        is_special = self._enc.is_special_token
         for token in token_ids:
             try:
-                special = self._enc.is_special_token(token)
+                special = is_special(token)
                 parser.process(token)
                 if special:
                     self._transition(token, out)
@@ -327,19 +328,38 @@ def _merge(deltas: list[Delta]) -> list[Delta]:
     """Adjacent fragments of the same kind as one delta: fewer events per upstream read."""
     if len(deltas) < 2:
         return deltas
-    out: list[Delta] = [deltas[0]]
-    for delta in deltas[1:]:
-        last = out[-1]
-        kind = type(delta)
-        if kind is type(last):
-            if kind is TextDelta and delta.phase == last.phase and not delta.logprobs and not last.logprobs:
-                out[-1] = TextDelta(last.text + delta.text, phase=last.phase)
-                continue
-            if kind is ReasoningDelta:
-                out[-1] = ReasoningDelta(last.text + delta.text)
-                continue
-            if kind is ToolCallDelta and delta.index == last.index and delta.call_id is None and delta.name is None:
-                out[-1] = ToolCallDelta(last.index, last.call_id, last.name, last.arguments + delta.arguments)
-                continue
-        out.append(delta)
+    out: list[Delta] = []
+    run: list[str] = []  # texts of a run of mergeable deltas, joined once
+    head: Delta | None = None  # the run's first delta
+    for delta in deltas:
+        if head is not None and _joins(head, delta):
+            run.append(delta.arguments if type(delta) is ToolCallDelta else delta.text)  # type: ignore[union-attr]
+            continue
+        if head is not None:
+            out.append(_joined(head, run))
+        head, run = delta, []
+    if head is not None:
+        out.append(_joined(head, run))
     return out
+
+
+def _joins(head: Delta, delta: Delta) -> bool:
+    kind = type(delta)
+    if kind is not type(head):
+        return False
+    if kind is TextDelta:
+        return delta.phase == head.phase and not delta.logprobs and not head.logprobs  # type: ignore[union-attr]
+    if kind is ToolCallDelta:
+        return delta.index == head.index and delta.call_id is None and delta.name is None  # type: ignore[union-attr]
+    return kind is ReasoningDelta
+
+
+def _joined(head: Delta, run: list[str]) -> Delta:
+    if not run:
+        return head
+    if type(head) is TextDelta:
+        return TextDelta(head.text + "".join(run), phase=head.phase)
+    if type(head) is ReasoningDelta:
+        return ReasoningDelta(head.text + "".join(run))
+    assert type(head) is ToolCallDelta
+    return ToolCallDelta(head.index, head.call_id, head.name, head.arguments + "".join(run))
