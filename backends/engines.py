@@ -5,6 +5,7 @@ Nothing about Responses here, only each engine's own HTTP surface.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 
@@ -48,3 +49,13 @@ ENGINES: dict[str, Engine] = {
 def launch_command(engine: str, template: list[str], *, host: str, port: int, model: str, extra: list[str]) -> list[str]:
     parts = template or list(ENGINES[engine].command)
     return [part.format(host=host, port=port, model=model) for part in parts] + list(extra)
+
+
+# How vLLM ("maximum context length", "too long to fit into the model") and SGLang
+# ("longer than the model's context length") say a request does not fit the context.
+_OVERFLOW = re.compile(r"maximum context length|too long to fit|longer than the model'?s context length|context length", re.I)
+
+
+def is_context_overflow(status: int, message: str) -> bool:
+    """A 400 that means prompt + max_tokens exceed the model's context window."""
+    return status == 400 and bool(_OVERFLOW.search(message))

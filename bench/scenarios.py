@@ -51,7 +51,7 @@ class Settings:
     stream_c1_rounds: int = 4  # sequential 1-stream runs (CPU ticks are 10 ms: give them enough work)
     stream_c1_itl_ms: int = 1
     stream_c64: int = 64
-    stream_c64_itl_ms: int = 10
+    stream_c64_itl_ms: int = 12
     open_streams: int = 1000
     # 4a: paced so that all streams are open at once without overloading 2 cores (RSS per stream)
     open_tokens: int = 40

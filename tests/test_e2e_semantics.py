@@ -251,3 +251,37 @@ def test_every_input_item_shape(client: openai.OpenAI) -> None:
     assert messages[-1] == {"role": "user", "content": "go on [sim:echo]"}
     # References to items already in the chain are not repeated.
     assert sum(1 for m in messages if m.get("content") == first.output_text) == 1
+
+
+# -- truncation -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_context(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A router whose only worker has a 150-token context."""
+    from tests.procs import sim_pool_toml, start_router
+
+    body = sim_pool_toml(replicas=1, extra_args='["--max-model-len", "150"]') + '\n[[models]]\nname = "small"\npool = "sim"\n'
+    proc = start_router(tmp_path_factory.mktemp("small"), body)
+    yield openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0)
+    assert proc.stop() == 0
+
+
+def test_truncation_auto_drops_the_oldest_turns(small_context: openai.OpenAI) -> None:
+    previous = None
+    for turn in range(12):
+        # max_output_tokens makes prompt + budget overflow before the answer could be cut short.
+        response = small_context.responses.create(model="small", input=f"turn {turn}", previous_response_id=previous,
+                                                  truncation="auto", max_output_tokens=20)
+        assert response.status == "completed" and response.truncation == "auto"
+        previous = response.id
+    echo = small_context.responses.create(model="small", input="what do you see [sim:echo]", previous_response_id=previous,
+                                          truncation="auto", max_output_tokens=60)
+    seen = [m["content"] for m in json.loads(echo.output_text) if m["role"] == "user"]
+    assert seen[-1] == "what do you see [sim:echo]" and "turn 11" in seen
+    assert "turn 0" not in seen, "the oldest turns should have been dropped from the prompt"
+    # The store still has the whole chain: truncation only shapes the prompt.
+    assert small_context.responses.retrieve(previous).previous_response_id is not None
+    with pytest.raises(openai.BadRequestError) as err:
+        small_context.responses.create(model="small", input="again", previous_response_id=previous, max_output_tokens=20)
+    assert err.value.body["code"] == "context_length_exceeded" and err.value.body["param"] == "input"

@@ -79,8 +79,6 @@ def check_supported(req: CreateResponse) -> None:
         raise InvalidRequest("conversations are not supported yet", param="conversation", code="unsupported_parameter")
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
-    if req.truncation == "auto":
-        raise InvalidRequest("truncation 'auto' is not supported yet", param="truncation", code="unsupported_parameter")
     for i, value in enumerate(req.include or ()):
         if value not in KNOWN_INCLUDES:
             raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")

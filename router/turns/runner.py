@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
+from backends.engines import is_context_overflow
 from backends.pools import NoHealthyWorker, Pool, Worker
 from router.dialects import chat
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
@@ -60,8 +61,7 @@ class ResponseRun:
 
     async def complete(self) -> dict[str, Any]:
         """Run to the end and return the final Response object."""
-        body = self._worker_request(stream=False)
-        answer = await self._call(lambda url: self.pool.client.post_json(url, body))
+        answer = await self._call(lambda url, body: self.pool.client.post_json(url, body), stream=False)
         asm = self._assembler
         asm.feed(self._decoder.completion(answer))
         asm.finish()
@@ -72,8 +72,7 @@ class ResponseRun:
 
     async def open_stream(self) -> None:
         """Reach a worker and get its 200 before anything is sent to the client."""
-        body = self._worker_request(stream=True)
-        self._stream = await self._call(lambda url: self.pool.client.open_sse(url, body), release=False)
+        self._stream = await self._call(lambda url, body: self.pool.client.open_sse(url, body), stream=True, release=False)
 
     async def events(self) -> AsyncIterator[list[Event]]:
         """Batches of events; one batch per upstream read."""
@@ -108,7 +107,21 @@ class ResponseRun:
         messages = chat.to_messages(self.prompt_items, self.req.instructions, self.route.chat)
         return chat.build_request(self.req, messages, self.tools, self.route.chat, model=self.pool.model, stream=stream)
 
-    async def _call(self, send: Any, *, release: bool = True) -> Any:
+    async def _call(self, send: Any, *, stream: bool, release: bool = True) -> Any:
+        """Send the turn; with ``truncation: auto``, drop the oldest turns until the prompt fits."""
+        while True:
+            body = self._worker_request(stream=stream)
+            try:
+                return await self._send(send, body, release)
+            except WorkerHTTPError as exc:
+                if self.req.truncation == "auto" and is_context_overflow(exc.status, exc.message) and self._drop_oldest_turn():
+                    log.info("pool %s: prompt too long, dropped the oldest turn", self.pool.name)
+                    continue
+                raise await self._failed(_api_error(exc)) from None
+            except WorkerError as exc:
+                raise await self._failed(_api_error(exc)) from None
+
+    async def _send(self, send: Any, body: dict[str, Any], release: bool) -> Any:
         """Send to a healthy worker; an unreachable worker is skipped for the next one."""
         url = self.pool.engine.chat_path
         tried: list[Worker] = []
@@ -121,17 +134,28 @@ class ResponseRun:
             tried.append(worker)
             self._acquire(worker)
             try:
-                result = await send(worker.url + url)
+                result = await send(worker.url + url, body)
             except WorkerUnavailable as exc:
                 self.pool.mark_down(worker, str(exc))
                 self._release()
                 continue
-            except WorkerError as exc:
+            except BaseException:
                 self._release()
-                raise await self._failed(_api_error(exc)) from None
+                raise
             if release:
                 self._release()
             return result
+
+    def _drop_oldest_turn(self) -> bool:
+        """Remove the oldest turn (a user message up to the next one) from the prompt; the store keeps it."""
+        items = self.prompt_items
+        users = [i for i, item in enumerate(items) if item["type"] == "message" and item["role"] == "user"]
+        if len(users) < 2:
+            return False
+        cut = users[1]
+        keep_system = [item for item in items[:cut] if item["type"] == "message" and item["role"] in ("system", "developer")]
+        self.prompt_items = keep_system + items[cut:]
+        return True
 
     def _acquire(self, worker: Worker) -> None:
         worker.in_flight += 1
@@ -173,6 +197,9 @@ class ResponseRun:
 def _api_error(exc: WorkerError) -> APIError:
     """How a worker's failure looks to the client."""
     if isinstance(exc, WorkerHTTPError):
+        if is_context_overflow(exc.status, exc.message):
+            return InvalidRequest(f"The input is too long for the model: {exc.message}", param="input",
+                                  code="context_length_exceeded")
         if exc.status in (429, 503):
             return NoCapacity(f"the worker is overloaded: {exc.message}", code="worker_overloaded")
         if 400 <= exc.status < 500:
