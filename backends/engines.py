@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +60,85 @@ _OVERFLOW = re.compile(r"maximum context length|too long to fit|longer than the 
 def is_context_overflow(status: int, message: str) -> bool:
     """A 400 that means prompt + max_tokens exceed the model's context window."""
     return status == 400 and bool(_OVERFLOW.search(message))
+
+
+# -- token-level generate (harmony pools) ---------------------------------------------
+# vLLM: POST /inference/v1/generate (the server needs --enable-scale-out), token ids in
+# and out. SGLang: POST /generate with input_ids; output_ids are cumulative per chunk
+# unless the server runs with --incremental-streaming-output (REFERENCE.md).
+
+GENERATE_PATH = {"vllm": "/inference/v1/generate", "sglang": "/generate", "sim": "/inference/v1/generate"}
+
+
+def generate_request(engine: str, token_ids: list[int], *, max_tokens: int | None, stop_token_ids: list[int],
+                     temperature: float | None, top_p: float | None, stream: bool, request_id: str) -> dict[str, Any]:
+    sampling: dict[str, Any] = {"stop_token_ids": stop_token_ids, "skip_special_tokens": False}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    if top_p is not None:
+        sampling["top_p"] = top_p
+    if engine == "sglang":
+        if max_tokens is not None:
+            sampling["max_new_tokens"] = max_tokens
+        sampling["no_stop_trim"] = True  # keep <|return|>/<|call|> so the parser sees the turn end
+        return {"input_ids": token_ids, "sampling_params": sampling, "stream": stream, "rid": request_id}
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    body: dict[str, Any] = {"token_ids": token_ids, "sampling_params": sampling, "stream": stream, "request_id": request_id}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+@dataclass(slots=True)
+class GenerateStep:
+    """What one generate frame says: new ids, the finish (None while running), token counts when reported."""
+
+    token_ids: list[int]
+    finish: str | None = None
+    stop_token: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class GenerateReader:
+    """Reads one generate answer's frames; knows each engine's shapes."""
+
+    def __init__(self, engine: str) -> None:
+        self._sglang = engine == "sglang"
+        self._seen = 0  # SGLang: ids received so far, to tell cumulative from incremental chunks
+
+    def step(self, frame: dict[str, Any]) -> GenerateStep:
+        return self._sglang_step(frame) if self._sglang else _vllm_step(frame)
+
+    def _sglang_step(self, frame: dict[str, Any]) -> GenerateStep:
+        if "error" in frame:
+            raise ValueError(str(frame["error"]))
+        ids = list(frame.get("output_ids") or [])
+        meta = frame.get("meta_info") or {}
+        done = meta.get("completion_tokens")
+        # Cumulative streams repeat every id so far: their length is the completion count.
+        if self._seen and done is not None and len(ids) == done and len(ids) >= self._seen:
+            ids = ids[self._seen:]
+        self._seen += len(ids)
+        reason = meta.get("finish_reason")
+        finish = stop = None
+        if isinstance(reason, dict):
+            finish = "length" if reason.get("type") == "length" else "stop"
+            matched = reason.get("matched")
+            stop = matched if isinstance(matched, int) else None
+        return GenerateStep(ids, finish, stop, meta.get("prompt_tokens"), done, meta.get("cached_tokens"))
+
+
+def _vllm_step(frame: dict[str, Any]) -> GenerateStep:
+    ids: list[int] = []
+    finish = None
+    for choice in frame.get("choices") or ():
+        ids.extend(choice.get("token_ids") or ())
+        reason = choice.get("finish_reason")
+        if reason:
+            finish = "length" if reason == "length" else "stop"
+    usage = frame.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return GenerateStep(ids, finish, None, usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"))

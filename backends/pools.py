@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from backends.client import WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine
 from policies.balance import Balancer
@@ -50,6 +52,7 @@ class Pool:
     client: WorkerClient
     health_interval_s: float = 2.0
     workers: list[Worker] = field(default_factory=list)
+    max_model_len: int | None = None  # from config, else from the workers' /v1/models
     _health_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -64,6 +67,8 @@ class Pool:
     async def start(self) -> None:
         await self.client.start()
         await self.check_health()
+        if self.max_model_len is None:
+            self.max_model_len = await self._discover_context()
         self._health_task = asyncio.create_task(self._health_loop(), name=f"health:{self.name}")
 
     async def stop(self) -> None:
@@ -74,6 +79,21 @@ class Pool:
             except asyncio.CancelledError:
                 pass
         await self.client.close()
+
+    async def _discover_context(self) -> int | None:
+        """The served model's context length, as the first healthy worker reports it."""
+        for worker in self.workers:
+            if not worker.healthy:
+                continue
+            try:
+                status, body = await self.client.get(worker.url + self.engine.models_path)
+                models = orjson.loads(body).get("data") or [] if status == 200 else []
+            except (WorkerUnavailable, orjson.JSONDecodeError, AttributeError):
+                continue
+            for model in models:
+                if isinstance(model, dict) and model.get("id") == self.model and isinstance(model.get("max_model_len"), int):
+                    return model["max_model_len"]
+        return None
 
     def pick(self, exclude: Sequence[Worker] = ()) -> Worker:
         """A healthy worker chosen by the policy; NoHealthyWorker when there is none."""

@@ -21,7 +21,7 @@ from router.api.auth import Authenticator
 from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
 from router.api.responses import ResponsesAPI
-from router.config import Config, PoolConfig
+from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.state.sqlite import SQLiteStore
 from router.state.store import Store
@@ -88,6 +88,28 @@ class RouterApp:
         return workers
 
 
+def _harmony_encoding(config: Config, base_dir: Path):  # type: ignore[no-untyped-def]
+    """Load the harmony encoding at start-up, so a missing vocabulary fails now, not at the first request."""
+    import os
+
+    from router.dialects.harmony_vocab import ENV_VAR, FILE_NAME
+
+    if config.harmony.vocab_dir:
+        os.environ[ENV_VAR] = str((base_dir / config.harmony.vocab_dir).resolve())
+    folder = os.environ.get(ENV_VAR)
+    if not folder or not (Path(folder) / FILE_NAME).is_file():
+        raise ConfigError(
+            f"harmony pools need {FILE_NAME}: run `responses-router harmony-vocab DIR` and set [harmony] vocab_dir = \"DIR\""
+            f" (or {ENV_VAR})" + (f"; not found in {folder}" if folder else "")
+        )
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    try:
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    except Exception as exc:  # noqa: BLE001 - openai-harmony raises its own error types
+        raise ConfigError(f"harmony vocabulary in {folder} could not be loaded: {exc}") from None
+
+
 def _worker_for(pool: Pool, url: str) -> Worker:
     return next(w for w in pool.workers if w.url == url)
 
@@ -107,9 +129,15 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         )
         for cfg in config.pools
     }
-    routes_by_model = {
-        m.name: ModelRoute(m.name, pools[m.pool], ChatOptions(**config.pool(m.pool).chat.model_dump())) for m in config.models
-    }
+    for cfg in config.pools:
+        pools[cfg.name].max_model_len = cfg.context_length
+    encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
+    routes_by_model = {}
+    for m in config.models:
+        cfg = config.pool(m.pool)
+        routes_by_model[m.name] = ModelRoute(
+            m.name, pools[m.pool], cfg.dialect, ChatOptions(**cfg.chat.model_dump()), encoding if cfg.dialect == "harmony" else None
+        )
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
         *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),

@@ -80,7 +80,11 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     from router.app import build
 
     _Server = _server_class()
-    router = build(config, base_dir)
+    try:
+        router = build(config, base_dir)
+    except ConfigError as exc:
+        print(f"responses-router: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     log = logging.getLogger("router")
     try:
         try:

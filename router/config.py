@@ -115,13 +115,15 @@ class ChatConfig(_Section):
 class PoolConfig(_Section):
     name: str = Field(min_length=1)
     engine: Literal["vllm", "sglang", "sim"]
-    # "harmony" (token-level generate for gpt-oss) comes with the harmony dialect.
-    dialect: Literal["chat"] = "chat"
+    # chat: chat completions; harmony: the router renders gpt-oss prompts and calls token-level generate.
+    dialect: Literal["chat", "harmony"] = "chat"
     # The model name the workers serve (what goes in the upstream "model" field).
     model: str = Field(min_length=1)
     urls: list[str] = []
     managed: ManagedConfig | None = None
     chat: ChatConfig = ChatConfig()
+    # The model's context window; empty: read from the workers' /v1/models (max_model_len).
+    context_length: int | None = Field(None, gt=0)
     policy: Literal["round_robin", "least_in_flight"] = "least_in_flight"
     health_interval_s: float = Field(2.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
@@ -144,8 +146,15 @@ class ModelConfig(_Section):
     pool: str = Field(min_length=1)
 
 
+class HarmonyConfig(_Section):
+    # The folder holding o200k_base.tiktoken (`responses-router harmony-vocab DIR` builds it);
+    # empty: $TIKTOKEN_ENCODINGS_BASE. Relative to the config file.
+    vocab_dir: str = ""
+
+
 class Config(_Section):
     server: ServerConfig = ServerConfig()
+    harmony: HarmonyConfig = HarmonyConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     pools: list[PoolConfig] = Field(min_length=1)

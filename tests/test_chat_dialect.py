@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.dialects.chat import ChatDecoder, ChatOptions, build_request, to_messages
+from router.dialects.chat import ChatOptions, ChatTurn, build_request, to_messages
 from router.dialects.deltas import Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.dialects.think import ThinkSplitter
 from router.protocol.errors import InvalidRequest
@@ -107,6 +107,10 @@ def test_tool_choice_forms() -> None:
     assert err.value.param == "tools[0].type"
 
 
+def turn(options: ChatOptions = ChatOptions()) -> ChatTurn:
+    return ChatTurn(CreateResponse(model="m", input="x"), build_toolset([], "auto"), options, model="m", path="/v1/chat/completions")
+
+
 def test_decoder_stream_and_completion_agree() -> None:
     chunks = [
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
@@ -116,13 +120,13 @@ def test_decoder_stream_and_completion_agree() -> None:
         {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "finish_reason": "tool_calls"}]},
         {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "completion_tokens_details": {"reasoning_tokens": 1}}},
     ]
-    decoder = ChatDecoder(ChatOptions())
+    decoder = turn()
     streamed = [d for c in chunks for d in decoder.chunk(c)]
     call_id = streamed[2].call_id
     assert call_id.startswith("call_")
     assert streamed == [ReasoningDelta("th"), TextDelta("Hi"), ToolCallDelta(0, call_id, "f", ""), ToolCallDelta(0, None, None, "{}"),
                         Finish("tool_calls"), Usage(5, 2, 0, 1)]
-    whole = ChatDecoder(ChatOptions()).completion({
+    whole = turn().completion({
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi", "reasoning_content": "th", "refusal": "no",
                                              "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                      "finish_reason": "tool_calls"}],

@@ -194,12 +194,26 @@ def _reasoning_switch(body: dict[str, Any], effort: str | None, options: ChatOpt
 # -- answer -----------------------------------------------------------------------------
 
 
-class ChatDecoder:
-    """Chat chunks -> deltas, for one response; holds the per-request parsing state."""
+class ChatTurn:
+    """One response over a chat pool: the request, and chunks -> deltas (the per-request parsing state)."""
 
-    def __init__(self, options: ChatOptions) -> None:
+    def __init__(self, req: CreateResponse, tools: ToolSet, options: ChatOptions, *, model: str, path: str) -> None:
+        self.path = path
+        self._req = req
+        self._tools = tools
+        self._options = options
+        self._model = model
         self._think = ThinkSplitter() if options.think_tags else None
         self._calls: dict[int, int] = {}  # the engine's tool-call index -> ours
+
+    def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
+        messages = to_messages(items, self._req.instructions, self._options)
+        return build_request(self._req, messages, self._tools, self._options, model=self._model, stream=stream)
+
+    def end(self) -> list[Delta]:
+        out: list[Delta] = []
+        self._flush(out)
+        return out
 
     def chunk(self, chunk: dict[str, Any]) -> list[Delta]:
         """One streamed ``chat.completion.chunk``."""

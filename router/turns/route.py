@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from backends.pools import Pool
-from router.dialects.chat import ChatOptions
+from router.dialects.chat import ChatOptions, ChatTurn
+from router.dialects.turn import DialectTurn
+from router.protocol.requests import CreateResponse
+from router.protocol.tools import ToolSet
 
 
 @dataclass(frozen=True, slots=True)
 class ModelRoute:
     model: str  # the public name clients send
     pool: Pool
-    chat: ChatOptions
+    dialect: Literal["chat", "harmony"] = "chat"
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    harmony: Any = None  # the HarmonyEncoding, for harmony pools
+
+    def turn(self, req: CreateResponse, tools: ToolSet, request_id: str) -> DialectTurn:
+        """The dialect's per-response state for one request."""
+        if self.dialect == "harmony":
+            from router.dialects.harmony_turn import HarmonyTurn
+
+            return HarmonyTurn(req, tools, self.harmony, engine=self.pool.engine.name,
+                               context_length=self.pool.max_model_len, request_id=request_id)
+        return ChatTurn(req, tools, self.chat, model=self.pool.model, path=self.pool.engine.chat_path)

@@ -17,7 +17,7 @@ from typing import Any
 from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
 from backends.engines import is_context_overflow
 from backends.pools import NoHealthyWorker, Pool, Worker
-from router.dialects import chat
+from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
@@ -46,12 +46,12 @@ class ResponseRun:
     _worker: Worker | None = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
-    _decoder: chat.ChatDecoder = field(init=False)
+    _turn: DialectTurn = field(init=False)
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
         self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries)
-        self._decoder = chat.ChatDecoder(self.route.chat)
+        self._turn = self.route.turn(self.req, self.tools, self.response["id"])
 
     @property
     def pool(self) -> Pool:
@@ -63,7 +63,11 @@ class ResponseRun:
         """Run to the end and return the final Response object."""
         answer = await self._call(lambda url, body: self.pool.client.post_json(url, body), stream=False)
         asm = self._assembler
-        asm.feed(self._decoder.completion(answer))
+        try:
+            deltas = self._turn.completion(answer)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise await self._failed(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
+        asm.feed(deltas)
         asm.finish()
         await self._persist()
         return self.response
@@ -81,20 +85,20 @@ class ResponseRun:
         try:
             yield asm.start()
             try:
+                decode = self._turn.chunk
                 async for batch in self._stream.batches():
-                    decode = self._decoder.chunk
-                    deltas = [d for chunk in batch for d in decode(chunk)]
-                    events = asm.feed(deltas)
+                    events = asm.feed([d for frame in batch for d in decode(frame)])
                     if events:
                         yield events
-            except WorkerStreamBroken as exc:
+                tail = asm.feed(self._turn.end())
+            except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
                 log.warning("pool %s: stream from %s broke: %s", self.pool.name, self._worker_url, exc)
                 error = UpstreamError("the worker's stream broke off before the response was complete", code="upstream_stream_broken")
                 events = asm.fail(error)
                 await self._persist()
                 yield events
                 return
-            events = asm.finish()
+            events = tail + asm.finish()
             await self._persist()
             yield events
         finally:
@@ -104,8 +108,7 @@ class ResponseRun:
     # -- worker calls ------------------------------------------------------
 
     def _worker_request(self, *, stream: bool) -> dict[str, Any]:
-        messages = chat.to_messages(self.prompt_items, self.req.instructions, self.route.chat)
-        return chat.build_request(self.req, messages, self.tools, self.route.chat, model=self.pool.model, stream=stream)
+        return self._turn.request(self.prompt_items, stream=stream)
 
     async def _call(self, send: Any, *, stream: bool, release: bool = True) -> Any:
         """Send the turn; with ``truncation: auto``, drop the oldest turns until the prompt fits."""
@@ -123,7 +126,7 @@ class ResponseRun:
 
     async def _send(self, send: Any, body: dict[str, Any], release: bool) -> Any:
         """Send to a healthy worker; an unreachable worker is skipped for the next one."""
-        url = self.pool.engine.chat_path
+        url = self._turn.path
         tried: list[Worker] = []
         while True:
             try:

@@ -1,0 +1,88 @@
+"""One response over a harmony pool: render tokens, call generate, parse tokens.
+
+The router does not use the engine's chat template or its harmony parser:
+``render_prompt`` makes the token ids, the engine's token-level generate
+endpoint continues them, and ``HarmonyParser`` reads the ids it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+
+from backends.engines import GENERATE_PATH, GenerateReader, GenerateStep, generate_request
+from router.dialects.deltas import Delta, Usage
+from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
+from router.protocol.errors import InvalidRequest
+from router.protocol.items import Item
+from router.protocol.requests import CreateResponse
+from router.protocol.tools import ToolSet
+
+
+class HarmonyTurn:
+    def __init__(self, req: CreateResponse, tools: ToolSet, encoding: HarmonyEncoding, *, engine: str,
+                 context_length: int | None, request_id: str) -> None:
+        self.path = GENERATE_PATH[engine]
+        self._req = req
+        self._tools = tools
+        self._encoding = encoding
+        self._engine = engine
+        self._context_length = context_length
+        self._request_id = request_id
+        self._parser = HarmonyParser(encoding)
+        self._reader = GenerateReader(engine)
+        self._prompt_tokens = 0
+        self._generated = 0
+        self._counts: GenerateStep | None = None  # the last token counts the engine reported
+
+    def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
+        req = self._req
+        functions = [
+            {"type": "function", "name": t.engine_name, "description": t.description or "", "parameters": t.parameters}
+            for t in self._tools.offered
+        ] if self._tools.choice.mode != "none" else []
+        ids = render_prompt(items, instructions=req.instructions, tools=functions,
+                            reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
+        self._prompt_tokens = len(ids)
+        return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
+                                stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
+                                top_p=req.top_p, stream=stream, request_id=self._request_id)
+
+    def _max_tokens(self, prompt: int) -> int | None:
+        """The pool's context minus the prompt, capped by max_output_tokens."""
+        budget = self._req.max_output_tokens
+        if self._context_length is None:
+            return budget
+        room = self._context_length - prompt
+        if room <= 0:
+            raise InvalidRequest(f"The input is {prompt} tokens, the model's context is {self._context_length}.",
+                                 param="input", code="context_length_exceeded")
+        return min(room, budget) if budget is not None else room
+
+    def chunk(self, payload: dict[str, Any]) -> list[Delta]:
+        step = self._reader.step(payload)
+        out = self._parser.feed(step.token_ids)
+        self._generated += len(step.token_ids)
+        if step.stop_token is not None and not self._parser.done:
+            out += self._parser.feed([step.stop_token])  # an engine that trimmed the stop token it matched
+        if step.prompt_tokens is not None or step.completion_tokens is not None:
+            self._counts = step
+        if step.finish is not None:
+            out += self._parser.finish(step.finish, self._usage())
+        elif self._counts is step and self._parser.done:
+            out.append(self._usage())  # a usage frame after the finish
+        return out
+
+    def completion(self, payload: dict[str, Any]) -> list[Delta]:
+        return self.chunk(payload) + self.end()
+
+    def end(self) -> list[Delta]:
+        return self._parser.finish(None, self._usage())
+
+    def _usage(self) -> Usage:
+        counts = self._counts
+        prompt = counts.prompt_tokens if counts and counts.prompt_tokens is not None else self._prompt_tokens
+        completion = counts.completion_tokens if counts and counts.completion_tokens is not None else self._generated
+        cached = counts.cached_tokens if counts and counts.cached_tokens is not None else 0
+        return Usage(prompt, completion, cached)

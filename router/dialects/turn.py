@@ -1,0 +1,28 @@
+"""What the runner needs from a dialect, for one response: a request and a decoder.
+
+Chat pools and harmony pools differ in what they send and how they read the
+answer; the runner sees only this.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from router.dialects.deltas import Delta
+from router.protocol.items import Item
+
+
+class DialectTurn(Protocol):
+    path: str  # the worker endpoint to POST to
+
+    def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
+        """The worker's request body for one model turn over ``items``."""
+
+    def chunk(self, payload: dict[str, Any]) -> list[Delta]:
+        """One streamed frame of the worker's answer."""
+
+    def completion(self, payload: dict[str, Any]) -> list[Delta]:
+        """A whole non-streamed answer: the same deltas a stream would give."""
+
+    def end(self) -> list[Delta]:
+        """The stream ended cleanly: flush whatever a decoder still holds."""
