@@ -107,6 +107,41 @@ class WorkerClient:
         return SSEStream(resp)
 
 
+    async def relay(self, url: str, data: bytes) -> RawAnswer:
+        """POST bytes as they came and hand back the answer unparsed (passthrough routes)."""
+        try:
+            resp = await self.session.post(url, data=data, headers=_JSON)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise _send_error(url, exc) from exc
+        return RawAnswer(resp)
+
+
+class RawAnswer:
+    """A worker's answer relayed byte for byte: status, content type, body chunks as they arrive."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self.content_type = resp.headers.get("Content-Type", "application/json")
+        self._resp = resp
+
+    async def read(self) -> bytes:
+        async with self._resp:
+            try:
+                return await self._resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise WorkerStreamBroken(repr(exc)) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a broken connection just ends it (the client sees a cut stream, as from the worker)."""
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return
+        finally:
+            self._resp.close()
+
+
 class SSEStream:
     """An open ``text/event-stream`` answer, read as batches of decoded ``data:`` payloads.
 

@@ -16,6 +16,7 @@ class Engine:
     name: str
     chat_path: str
     health_path: str
+    completions_path: str
     models_path: str
     # Launch command template; {host}, {port} and {model} are filled in.
     command: tuple[str, ...]
@@ -25,6 +26,7 @@ ENGINES: dict[str, Engine] = {
     "vllm": Engine(
         name="vllm",
         chat_path="/v1/chat/completions",
+        completions_path="/v1/completions",
         health_path="/health",
         models_path="/v1/models",
         command=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"),
@@ -32,6 +34,7 @@ ENGINES: dict[str, Engine] = {
     "sglang": Engine(
         name="sglang",
         chat_path="/v1/chat/completions",
+        completions_path="/v1/completions",
         # SGLang's /health is 503 until a warm-up generation succeeded: a real readiness signal.
         health_path="/health",
         models_path="/v1/models",
@@ -40,6 +43,7 @@ ENGINES: dict[str, Engine] = {
     "sim": Engine(
         name="sim",
         chat_path="/v1/chat/completions",
+        completions_path="/v1/completions",
         health_path="/health",
         models_path="/v1/models",
         command=(sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}"),

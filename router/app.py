@@ -20,6 +20,7 @@ from policies.balance import make_balancer
 from router.api.auth import Authenticator
 from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
+from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
 from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
@@ -141,6 +142,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
         *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *PassthroughAPI(models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),
     ]
     app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]

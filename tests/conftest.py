@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,18 @@ THINK_POOL = '''
 think_tags = true
 reasoning_field = "reasoning_content"
 '''
+
+
+@pytest.fixture(scope="session")
+def harmony_vocab() -> Path:
+    """The o200k vocabulary harmony needs offline, built from quicktok-v1 once and checked."""
+    from router.dialects import harmony_vocab as vocab
+
+    folder = os.environ.get(vocab.ENV_VAR) or str(Path.home() / ".cache" / "responses-router" / "harmony")
+    path = vocab.ensure_vocab(folder)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == vocab.SHA256
+    os.environ[vocab.ENV_VAR] = str(path.parent)
+    return path.parent
 
 
 @pytest.fixture(scope="session")

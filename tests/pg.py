@@ -34,12 +34,20 @@ def with_database(dsn: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def redacted(dsn: str) -> str:
+    """``dsn`` without its password, fit for a message."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
 async def _admin(dsn: str, statement: str) -> None:
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
         pytest.fail(
-            f"PostgreSQL is not reachable at {dsn} ({type(exc).__name__}: {exc}). These tests need a real "
+            f"PostgreSQL is not reachable at {redacted(dsn)} ({type(exc).__name__}: {exc}). These tests need a real "
             f"server: start one (.ci/run does) or point {ENV} at one.",
             pytrace=False,
         )

@@ -193,3 +193,17 @@ def test_load_spreads_over_both_workers(client: openai.OpenAI, router) -> None:
     with urllib.request.urlopen(router.base_url + "/health") as resp:
         workers = json.loads(resp.read())["pools"][0]["workers"]
     assert all(w["served"] >= 2 for w in workers), workers
+
+
+def test_chat_completions_passthrough(client: openai.OpenAI) -> None:
+    direct = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi [sim:tokens=5]"}])
+    assert direct.choices[0].message.content and direct.usage.completion_tokens == 5
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi [sim:tokens=5]"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == direct.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 5
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):  # the worker's own 400 comes back as it is
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x [sim:status=400]"}])

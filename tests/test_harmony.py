@@ -32,12 +32,8 @@ DATE = "2025-06-01"
 
 
 @pytest.fixture(scope="session")
-def vocab_dir() -> Path:
-    folder = os.environ.get(harmony_vocab.ENV_VAR) or str(Path.home() / ".cache" / "responses-router" / "harmony")
-    path = harmony_vocab.ensure_vocab(folder)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == harmony_vocab.SHA256
-    os.environ[harmony_vocab.ENV_VAR] = str(path.parent)
-    return path.parent
+def vocab_dir(harmony_vocab: Path) -> Path:
+    return harmony_vocab
 
 
 @pytest.fixture(scope="session")

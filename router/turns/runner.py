@@ -68,7 +68,7 @@ class ResponseRun:
         except (ValueError, KeyError, TypeError) as exc:
             raise await self._failed(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
         asm.feed(deltas)
-        asm.finish()
+        asm.finish(self._unrunnable_call())
         await self._persist()
         return self.response
 
@@ -98,12 +98,20 @@ class ResponseRun:
                 await self._persist()
                 yield events
                 return
-            events = tail + asm.finish()
+            events = tail + asm.finish(self._unrunnable_call())
             await self._persist()
             yield events
         finally:
             self._stream.close()
             self._release()
+
+    def _unrunnable_call(self) -> str | None:
+        """A call to a built-in tool (harmony's browser.*, python, container.*) that nothing here can run yet."""
+        for item in self.response["output"]:
+            name = item.get("name", "")
+            if item["type"] == "function_call" and self.tools.lookup(name) is None and ("." in name or name == "python"):
+                return "tool_not_available"
+        return None
 
     # -- worker calls ------------------------------------------------------
 

@@ -1,0 +1,259 @@
+"""Where the router's CPU goes: py-spy on the router process under item 2 and item 3 load.
+
+``.venv/bin/python bench/profile.py [--rev HEAD] [--append]`` starts a fresh sim
+and router per scenario (same pinning as bench/run.py), runs
+``py-spy record --format raw --threads --full-filenames`` (native frames
+off, idle samples off) on the router while the load generator drives it,
+then groups the samples by the frame that was on CPU (the leaf):
+uvicorn/httptools, starlette, anyio, pydantic, our assembler, orjson,
+aiohttp client, the SQLite store thread, the event loop, ... Time in a C
+extension shows on the Python line that called it, so a leaf line that calls
+``orjson.`` counts as orjson and one that calls ``transport.write`` as socket
+writes. Each group's share times the router's measured CPU per request (or
+per token) gives microseconds.
+
+Needs ``pip install py-spy`` in the venv. Raw stacks go to bench/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import linecache
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import procs, scenarios  # noqa: E402
+from bench.load import Job  # noqa: E402
+from bench.run import choose_layout  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+FRAME_RE = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    @property
+    def source(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+    def short(self) -> str:
+        """``func (path:line)`` with the path cut to its package (site-packages, stdlib or this repo)."""
+        f = self.file
+        for marker in ("site-packages/", "/python3.11/", "/python3.12/", "/python3.13/"):
+            if marker in f:
+                f = f.split(marker, 1)[1]
+                break
+        else:
+            for pkg in ("/router/", "/backends/", "/policies/"):
+                if pkg in f:
+                    f = pkg[1:] + f.split(pkg, 1)[1]
+                    break
+        return f"{self.func} ({f}:{self.line})"
+
+
+def parse_raw(path: Path) -> list[tuple[str, list[Frame], int]]:
+    """py-spy raw (collapsed) output -> (thread name, frames root..leaf, samples)."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        parts = stack.split(";")
+        thread = parts[0].split(": ", 1)[-1] if parts[0].startswith("thread (") else "?"
+        frames = []
+        for p in parts[1:] if parts[0].startswith("thread (") else parts:
+            m = FRAME_RE.match(p)
+            frames.append(Frame(m["func"], m["file"], int(m["line"])) if m else Frame(p, "?", 0))
+        out.append((thread, frames, int(count)))
+    return out
+
+
+GROUPS = [
+    "uvicorn/httptools (HTTP server, parsing, ASGI send/receive)",
+    "socket writes (transport.write: the send syscalls)",
+    "starlette routing + middleware",
+    "starlette Request/Response/StreamingResponse",
+    "anyio (StreamingResponse task group, disconnect listener)",
+    "pydantic validation",
+    "our assembler (router/turns/assembler.py)",
+    "orjson (dumps/loads, on the calling line)",
+    "router other (api, runner, dialect, ids, items, pools)",
+    "aiohttp client (upstream request, response, SSE reads)",
+    "store calls on the event loop (run_in_executor, futures)",
+    "sqlite store thread (SQL + orjson of rows)",
+    "event loop (uvloop C: epoll, socket reads, callbacks)",
+    "asyncio Python (tasks, futures, queues, locks)",
+    "logging",
+    "other",
+]
+
+
+def classify(thread: str, frames: list[Frame]) -> str:
+    """The group of one sample, from its leaf frame (and thread)."""
+    if thread != "MainThread":
+        if any("/router/state/" in f.file for f in frames):
+            return "sqlite store thread (SQL + orjson of rows)"
+        return "other"
+    leaf = frames[-1] if frames else Frame("?", "?", 0)
+    file, src = leaf.file, leaf.source
+    if "orjson." in src:
+        return "orjson (dumps/loads, on the calling line)"
+    if "transport.write" in src or "self._transport.write" in src or "writelines(" in src:
+        return "socket writes (transport.write: the send syscalls)"
+    if "/uvloop/" in file:
+        return "event loop (uvloop C: epoll, socket reads, callbacks)"
+    if "/uvicorn/" in file or "/httptools/" in file:
+        return "uvicorn/httptools (HTTP server, parsing, ASGI send/receive)"
+    if "/starlette/" in file:
+        if file.endswith(("routing.py", "applications.py", "_exception_handler.py")) or "/middleware/" in file:
+            return "starlette routing + middleware"
+        return "starlette Request/Response/StreamingResponse"
+    if "/anyio/" in file:
+        return "anyio (StreamingResponse task group, disconnect listener)"
+    if "/pydantic" in file or "model_validate" in src:
+        return "pydantic validation"
+    if file.endswith("router/turns/assembler.py"):
+        return "our assembler (router/turns/assembler.py)"
+    if any(p in file for p in ("/aiohttp/", "/yarl/", "/multidict/", "/aiohappyeyeballs/", "backends/client.py")):
+        return "aiohttp client (upstream request, response, SSE reads)"
+    if "/router/state/" in file or file.endswith("concurrent/futures/thread.py"):
+        return "store calls on the event loop (run_in_executor, futures)"
+    if "/router/" in file or "/backends/" in file or "/policies/" in file:
+        return "router other (api, runner, dialect, ids, items, pools)"
+    if "/asyncio/" in file or file.endswith(("contextvars", "<frozen runpy>")):
+        return "asyncio Python (tasks, futures, queues, locks)"
+    if "/logging/" in file:
+        return "logging"
+    return "other"
+
+
+INCLUSIVE = {
+    "aiohttp client (any frame in aiohttp or backends/client.py)":
+        lambda fs: any("/aiohttp/" in f.file or "backends/client.py" in f.file for f in fs),
+    "our assembler (any frame)": lambda fs: any(f.file.endswith("router/turns/assembler.py") for f in fs),
+    "ResponseRun (router/turns/runner.py, any frame)": lambda fs: any(f.file.endswith("router/turns/runner.py") for f in fs),
+    "SSE encode_events (router/api/sse.py)": lambda fs: any(f.file.endswith("router/api/sse.py") for f in fs),
+    "pydantic (any frame, or model_validate line)":
+        lambda fs: any("/pydantic" in f.file or "model_validate" in f.source for f in fs),
+    "starlette (any frame below uvicorn's run_asgi)": lambda fs: any("/starlette/" in f.file for f in fs),
+}
+
+
+def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, unit: str) -> str:
+    """Markdown: self time by group, some inclusive shares, the top leaf lines."""
+    total = sum(n for _, _, n in samples) or 1
+    groups: Counter[str] = Counter()
+    leaves: Counter[tuple[str, str, str]] = Counter()
+    inclusive: Counter[str] = Counter()
+    for thread, frames, n in samples:
+        group = classify(thread, frames)
+        groups[group] += n
+        leaf = frames[-1] if frames else Frame("?", "?", 0)
+        leaves[(group.split(" (")[0], leaf.short(), leaf.source[:70])] += n
+        if thread == "MainThread":
+            for name, pred in INCLUSIVE.items():
+                if pred(frames):
+                    inclusive[name] += n
+    lines = [f"{total} samples; router CPU {us_per_unit:.0f} us/{unit} during the profiled run", "",
+             f"| group (self time, leaf frame) | share | ~us/{unit} |", "|---|---:|---:|"]
+    for group, n in groups.most_common():
+        lines.append(f"| {group} | {n / total:.1%} | {n / total * us_per_unit:.1f} |")
+    lines += ["", f"| inclusive (main thread) | share | ~us/{unit} |", "|---|---:|---:|"]
+    for name, n in inclusive.most_common():
+        lines.append(f"| {name} | {n / total:.1%} | {n / total * us_per_unit:.1f} |")
+    lines += ["", "| top leaf lines | group | share | source |", "|---|---|---:|---|"]
+    for (group, frame, src), n in leaves.most_common(25):
+        lines.append(f"| `{frame}` | {group} | {n / total:.1%} | `{src.replace('|', '/')}` |")
+    return "\n".join(lines)
+
+
+def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workdir: Path,
+                rate: int, sim_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Fresh sim + router, py-spy on the router while ``job`` runs; the markdown summary and the load result."""
+    sim = procs.start_sim(workdir, cpus=layout.sim, src=src, **sim_args)
+    try:
+        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+        try:
+            OUT.mkdir(parents=True, exist_ok=True)
+            raw = OUT / f"profile-{name}.txt"
+            spy_log = open(workdir / f"py-spy-{name}.log", "w")
+            spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(router.pid),
+                                    "--rate", str(rate), "--format", "raw", "--threads", "--full-filenames",
+                                    "-o", str(raw)], stdout=spy_log, stderr=subprocess.STDOUT)
+            time.sleep(1.0)  # py-spy attaches
+            job.port = router.port
+            job.watch = {"router": router.pid, "sim": sim.pid}
+            job.cpus = layout.loadgen
+            result = scenarios.run_load(job)
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+        finally:
+            router.stop()
+    finally:
+        sim.stop()
+    units, unit = unit_of(result)
+    us = result["procs"]["router"]["cpu_s"] / max(units, 1) * 1e6
+    return summarize(parse_raw(raw), us, unit), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/profile.py", description=__doc__.split("\n")[0])
+    p.add_argument("--rev", help="profile this git revision (git archive) instead of the working tree")
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--requests", type=int, default=8000, help="non-stream requests at c=32")
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--itl-ms", type=int, default=12, help="stream pacing, ms/token")
+    p.add_argument("--append", action="store_true", help="append the summaries to bench/RESULTS.md")
+    args = p.parse_args(argv)
+    if shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None:
+        print("py-spy is not installed in this venv: .venv/bin/pip install py-spy", file=sys.stderr)
+        return 2
+    layout = choose_layout("auto")
+    procs.raise_nofile(8192)
+    workdir = Path(tempfile.mkdtemp(prefix="responses-router-profile-"))
+    src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
+    s = scenarios.Settings()
+    jobs = [
+        ("nonstream-c32", Job(kind="closed", port=0, path="/v1/responses", body=scenarios.responses_body(s.nonstream_tokens),
+                              concurrency=32, requests=args.requests, warmup=500),
+         lambda r: (r["requests"], "request")),
+        (f"stream-c{args.streams}", Job(kind="streams", port=0, path="/v1/responses",
+                                        body=scenarios.responses_body(s.stream_tokens, stream=True, itl_ms=args.itl_ms),
+                                        streams=args.streams, warmup_streams=4, expect_tokens=s.stream_tokens),
+         lambda r: (r["tokens"], "token")),
+    ]
+    sections = []
+    for name, job, unit_of in jobs:
+        print(f"[profile] {name}", file=sys.stderr, flush=True)
+        summary, result = profile_one(name, job, unit_of, layout, src, workdir, args.rate, {})
+        extra = (f"{result['rps']:.0f} req/s" if job.kind == "closed"
+                 else f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks'] / max(result['tokens'], 1):.2f} writes/token")
+        sections.append(f"### {name} ({extra}; {layout.describe()})\n\n{summary}\n")
+        print(sections[-1])
+    shutil.rmtree(workdir, ignore_errors=True)
+    if args.append:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
+            f.write(f"## Profile {time.strftime('%Y-%m-%d %H:%M:%S %Z')} (py-spy {args.rate} Hz, native off)\n\n")
+            f.write("\n".join(sections) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: relayed to a worker of the model's pool.
+
+The body is parsed only to find and rewrite ``model``; the answer, streamed
+or not, goes back byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from backends.client import WorkerStreamBroken, WorkerUnavailable
+from backends.pools import NoHealthyWorker, Worker
+from router.api.auth import Authenticator
+from router.api.http import read_body
+from router.protocol.errors import InvalidRequest, NoCapacity, NotFound, UpstreamError
+from router.turns.route import ModelRoute
+
+
+class PassthroughAPI:
+    def __init__(self, *, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int) -> None:
+        self.models = models
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+
+    async def chat(self, request: Request) -> Response:
+        return await self._relay(request, "chat_path")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._relay(request, "completions_path")
+
+    async def _relay(self, request: Request, path_attr: str) -> Response:
+        self.auth.owner(request)
+        body = _json_object(await read_body(request, self.max_body_bytes))
+        route = self.models.get(body.get("model"))  # type: ignore[arg-type]
+        if route is None:
+            raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
+        pool = route.pool
+        body["model"] = pool.model
+        data = orjson.dumps(body)
+        path = getattr(pool.engine, path_attr)
+        tried: list[Worker] = []
+        while True:
+            try:
+                worker = pool.pick(exclude=tried)
+            except NoHealthyWorker as exc:
+                raise NoCapacity(f"no worker can serve model '{route.model}' now: {exc}", code="no_healthy_worker") from None
+            tried.append(worker)
+            worker.in_flight += 1
+            try:
+                answer = await pool.client.relay(worker.url + path, data)
+            except WorkerUnavailable as exc:
+                worker.in_flight -= 1
+                pool.mark_down(worker, str(exc))
+                continue
+            except WorkerStreamBroken as exc:
+                worker.in_flight -= 1
+                raise UpstreamError(f"the worker failed: {exc}", code="upstream_error") from None
+            break
+        if not body.get("stream"):
+            try:
+                raw = await answer.read()
+            finally:
+                worker.in_flight -= 1
+                worker.served += 1
+            return Response(raw, status_code=answer.status, media_type=answer.content_type)
+        return StreamingResponse(_counted(answer.chunks(), worker), status_code=answer.status, media_type=answer.content_type)
+
+
+async def _counted(chunks: Any, worker: Worker) -> Any:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        worker.in_flight -= 1
+        worker.served += 1
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(body.get("model"), str):
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+    return body

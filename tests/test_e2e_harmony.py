@@ -1,0 +1,131 @@
+"""gpt-oss pools through harmony: the router renders tokens, sim workers speak vLLM's and SGLang's generate APIs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.procs import RouterProcess, free_range, start_router
+from tests.streamrules import check_stream
+
+pytestmark = pytest.mark.e2e
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False) -> str:
+    first, last = free_range()
+    args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab)]
+    if incremental:
+        args.append("--incremental-streaming-output")
+    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}", *args]
+    return f"""
+[[pools]]
+name = "{name}"
+engine = "{engine}"
+dialect = "harmony"
+model = "gpt-oss-sim"
+context_length = 8192
+health_interval_s = 0.5
+[pools.managed]
+replicas = 1
+port_range = [{first}, {last}]
+command = {json.dumps(command)}
+log_dir = "logs"
+"""
+
+
+@pytest.fixture(scope="module")
+def harmony_router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
+    from tests.procs import sim_pool_toml
+
+    body = (
+        f'[harmony]\nvocab_dir = "{harmony_vocab}"\n'
+        + harmony_pool("oss-vllm", "vllm", harmony_vocab)
+        + harmony_pool("oss-sglang", "sglang", harmony_vocab)
+        + harmony_pool("oss-sglang-inc", "sglang", harmony_vocab, incremental=True)
+        + sim_pool_toml(name="chat", replicas=1)
+        + "".join(f'\n[[models]]\nname = "{m}"\npool = "{m}"\n' for m in ("oss-vllm", "oss-sglang", "oss-sglang-inc", "chat"))
+    )
+    proc = start_router(tmp_path_factory.mktemp("harmony"), body)
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def oss(harmony_router: RouterProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=harmony_router.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+ENGINES = ["oss-vllm", "oss-sglang", "oss-sglang-inc"]
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_reasoning_then_answer(oss: openai.OpenAI, model: str) -> None:
+    response = oss.responses.create(model=model, input="hello [sim:reason=5] [sim:tokens=4]")
+    assert response.status == "completed"
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and len(reasoning.content[0].text.split()) == 5
+    assert message.type == "message" and len(response.output_text.split()) == 4
+    usage = response.usage
+    assert usage.input_tokens > 20 and usage.output_tokens > 9  # counted in tokens, channel headers included
+    events = [e.model_dump() for e in oss.responses.create(model=model, input="hello [sim:reason=5] [sim:tokens=4]", stream=True)]
+    final = check_stream(events)
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+    assert final["output"][1]["content"][0]["text"] == response.output_text
+    assert final["usage"] == response.usage.model_dump()
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_function_tool_round_trip(oss: openai.OpenAI, model: str) -> None:
+    first = oss.responses.create(model=model, input="weather? [sim:call=get_weather]", tools=[WEATHER])
+    call = next(i for i in first.output if i.type == "function_call")
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)
+    second = oss.responses.create(model=model, previous_response_id=first.id, tools=[WEATHER],
+                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert second.status == "completed" and second.output_text.startswith("tool said: sunny")
+
+
+def test_two_calls_in_one_turn(oss: openai.OpenAI) -> None:
+    time_tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    response = oss.responses.create(model="oss-vllm", input="both [sim:call=get_weather,get_time]", tools=[WEATHER, time_tool])
+    assert [i.name for i in response.output if i.type == "function_call"] == ["get_weather", "get_time"]
+
+
+def test_multi_turn_and_moving_between_engines(oss: openai.OpenAI) -> None:
+    previous = None
+    for model in ["oss-vllm", "chat", "oss-sglang", "oss-vllm", "chat"]:
+        response = oss.responses.create(model=model, input=f"turn on {model}", previous_response_id=previous)
+        assert response.status == "completed", model
+        previous = response.id
+    # The chat pool sees the whole history, harmony turns included (stored as items, not tokens).
+    echo = oss.responses.create(model="chat", input="recap [sim:echo]", previous_response_id=previous)
+    users = [m["content"] for m in json.loads(echo.output_text) if m["role"] == "user"]
+    assert users == ["turn on oss-vllm", "turn on chat", "turn on oss-sglang", "turn on oss-vllm", "turn on chat", "recap [sim:echo]"]
+
+
+def test_length_cut_is_incomplete(oss: openai.OpenAI) -> None:
+    response = oss.responses.create(model="oss-vllm", input="long [sim:tokens=200]", max_output_tokens=30)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 30
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_garbage_tokens_still_give_a_well_formed_response(oss: openai.OpenAI, model: str) -> None:
+    events = [e.model_dump() for e in oss.responses.create(model=model, input="noise [sim:garbage=40]", stream=True)]
+    final = check_stream(events)
+    assert final["status"] in ("completed", "incomplete")
+    stored = oss.responses.retrieve(final["id"])
+    assert stored.status == final["status"]
+
+
+def test_builtin_recipient_without_a_backend(oss: openai.OpenAI) -> None:
+    response = oss.responses.create(model="oss-vllm", input="search [sim:builtin=browser.search]")
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "tool_not_available"
