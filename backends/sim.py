@@ -53,6 +53,9 @@ class SimConfig:
     max_model_len: int = 4096
     default_tokens: int = 12
     reasoning_field: str | None = None
+    dialect: str = "chat"  # harmony: gpt-oss token-level generate APIs (backends/sim_harmony.py)
+    harmony_vocab_dir: str | None = None
+    incremental_streaming_output: bool = False  # SGLang's flag: /generate streams deltas
 
     @property
     def reasoning_key(self) -> str:
@@ -400,6 +403,9 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", worker.models)
     app.router.add_get("/metrics", worker.metrics)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
+    if cfg.dialect == "harmony":
+        from backends.sim_harmony import add_harmony_routes
+        add_harmony_routes(app, worker)
     return app
 
 
@@ -433,6 +439,11 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--reasoning-field", choices=("reasoning", "reasoning_content"), default=None,
                    help="the delta/message key for [sim:reason]; default: what the engine sends "
                         "(vLLM 0.32: reasoning, SGLang: reasoning_content)")
+    p.add_argument("--dialect", choices=("chat", "harmony"), default="chat",
+                   help="harmony: gpt-oss token-level generate endpoints (backends/sim_harmony.py)")
+    p.add_argument("--harmony-vocab-dir", help="folder with o200k_base.tiktoken (harmony)")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="SGLang: /generate streams deltas instead of cumulative text/output_ids")
     return SimConfig(**vars(p.parse_args(argv)))
 
 

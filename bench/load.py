@@ -59,6 +59,7 @@ class Job:
     streams: int = 1
     rounds: int = 1
     warmup_streams: int = 0
+    warmup_body: str = ""  # streams: a shorter body for the warm-up round ("" = ``body``)
     token_pattern: str = "event: response.output_text.delta"
     done_pattern: str = "event: response.completed"
     expect_tokens: int = 0
@@ -289,7 +290,9 @@ async def run_streams(job: Job) -> dict[str, Any]:
     if job.warmup_streams:
         warm = await asyncio.gather(*(connect(job.host, job.port, token=token, done=done)
                                       for _ in range(min(job.warmup_streams, job.streams))))
-        await one_round(warm, None)
+        warm_raw = build_request(job.host, job.port, job.path, (job.warmup_body or job.body).encode())
+        for c in warm:
+            await c.request(warm_raw)
         for c in warm:
             c.close()
     watcher = Watcher(job.watch, job.rss_interval_s)

@@ -94,13 +94,14 @@ GROUPS = [
     "pydantic validation",
     "our assembler (router/turns/assembler.py)",
     "orjson (dumps/loads, on the calling line)",
-    "router other (api, runner, dialect, ids, items, pools)",
+    "router other (api, runner, dialect, ids, items, pools; dataclass __init__)",
     "aiohttp client (upstream request, response, SSE reads)",
     "store calls on the event loop (run_in_executor, futures)",
     "sqlite store thread (SQL + orjson of rows)",
     "event loop (uvloop C: epoll, socket reads, callbacks)",
     "asyncio Python (tasks, futures, queues, locks)",
     "logging",
+    "other threads",
     "other",
 ]
 
@@ -108,17 +109,19 @@ GROUPS = [
 def classify(thread: str, frames: list[Frame]) -> str:
     """The group of one sample, from its leaf frame (and thread)."""
     if thread != "MainThread":
-        if any("/router/state/" in f.file for f in frames):
+        if thread.startswith("sqlite") or any("/router/state/" in f.file for f in frames):
             return "sqlite store thread (SQL + orjson of rows)"
-        return "other"
+        return "other threads"
     leaf = frames[-1] if frames else Frame("?", "?", 0)
     file, src = leaf.file, leaf.source
+    if leaf.func in ("Runner.run", "run_until_complete") or "/uvloop/" in file:
+        # uvloop's loop is C: its own work (epoll, socket reads, handles, callbacks into C
+        # protocols) shows on the Python frame that started the loop
+        return "event loop (uvloop C: epoll, socket reads, callbacks)"
     if "orjson." in src:
         return "orjson (dumps/loads, on the calling line)"
     if "transport.write" in src or "self._transport.write" in src or "writelines(" in src:
         return "socket writes (transport.write: the send syscalls)"
-    if "/uvloop/" in file:
-        return "event loop (uvloop C: epoll, socket reads, callbacks)"
     if "/uvicorn/" in file or "/httptools/" in file:
         return "uvicorn/httptools (HTTP server, parsing, ASGI send/receive)"
     if "/starlette/" in file:
@@ -135,8 +138,8 @@ def classify(thread: str, frames: list[Frame]) -> str:
         return "aiohttp client (upstream request, response, SSE reads)"
     if "/router/state/" in file or file.endswith("concurrent/futures/thread.py"):
         return "store calls on the event loop (run_in_executor, futures)"
-    if "/router/" in file or "/backends/" in file or "/policies/" in file:
-        return "router other (api, runner, dialect, ids, items, pools)"
+    if "/router/" in file or "/backends/" in file or "/policies/" in file or file == "<string>":
+        return "router other (api, runner, dialect, ids, items, pools; dataclass __init__)"
     if "/asyncio/" in file or file.endswith(("contextvars", "<frozen runpy>")):
         return "asyncio Python (tasks, futures, queues, locks)"
     if "/logging/" in file:
@@ -196,6 +199,9 @@ def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workd
             spy_log = open(workdir / f"py-spy-{name}.log", "w")
             spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(router.pid),
                                     "--rate", str(rate), "--format", "raw", "--threads", "--full-filenames",
+                                    # nonblocking: blocking mode pauses the process, and paused threads
+                                    # waiting in epoll or on the executor queue were counted as active
+                                    "--nonblocking",
                                     "-o", str(raw)], stdout=spy_log, stderr=subprocess.STDOUT)
             time.sleep(1.0)  # py-spy attaches
             job.port = router.port
@@ -236,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
          lambda r: (r["requests"], "request")),
         (f"stream-c{args.streams}", Job(kind="streams", port=0, path="/v1/responses",
                                         body=scenarios.responses_body(s.stream_tokens, stream=True, itl_ms=args.itl_ms),
-                                        streams=args.streams, warmup_streams=4, expect_tokens=s.stream_tokens),
+                                        streams=args.streams, warmup_streams=4, expect_tokens=s.stream_tokens,
+                                        warmup_body=scenarios.responses_body(50, stream=True, itl_ms=1)),
          lambda r: (r["tokens"], "token")),
     ]
     sections = []

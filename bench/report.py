@@ -55,10 +55,10 @@ def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], route
         added = r["p50_ms"] - d["p50_ms"]
         target = f"added <= {T_ADDED_P50_MS} ms" if c == 1 else ""
         rows.append(Row(item, f"{label} c={c} p50 ms", f"{d['p50_ms']:.2f}", f"{r['p50_ms']:.2f}",
-                        f"{r['p50_ms'] / d['p50_ms']:.2f}x, +{added:.2f} ms", target,
+                        f"{r['p50_ms'] / d['p50_ms']:.2f}x, {added:+.2f} ms", target,
                         _verdict(added, T_ADDED_P50_MS) if c == 1 else ""))
         rows.append(Row(item, f"{label} c={c} p99 ms", f"{d['p99_ms']:.2f}", f"{r['p99_ms']:.2f}",
-                        f"{r['p99_ms'] / d['p99_ms']:.2f}x, +{r['p99_ms'] - d['p99_ms']:.2f} ms"))
+                        f"{r['p99_ms'] / d['p99_ms']:.2f}x, {r['p99_ms'] - d['p99_ms']:+.2f} ms"))
         cpu, sched = _cpu(r, "router")
         sim_cpu, _ = _cpu(d, "sim")
         us = _us(cpu, r["requests"])

@@ -153,8 +153,8 @@ def streaming_cpu(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[
     for streams, rounds, itl in ((1, s.stream_c1_rounds, s.stream_c1_itl_ms), (s.stream_c64, 1, s.stream_c64_itl_ms)):
         job = Job(kind="streams", port=router.port, path="/v1/responses",
                   body=responses_body(s.stream_tokens, stream=True, itl_ms=itl), streams=streams, rounds=rounds,
-                  warmup_streams=min(streams, 4), expect_tokens=s.stream_tokens, cpus=layout.loadgen, watch=watch,
-                  max_s=s.max_s)
+                  warmup_streams=min(streams, 4), warmup_body=responses_body(50, stream=True, itl_ms=1),
+                  expect_tokens=s.stream_tokens, cpus=layout.loadgen, watch=watch, max_s=s.max_s)
         result = run_load(job)
         result["itl_ms"] = itl
         out[streams] = result
@@ -167,7 +167,8 @@ def open_streams(router: Proc, sim: Proc, s: Settings, layout: Layout, *, tokens
     router VmRSS at peak vs idle (sampled every 50 ms), and how many complete."""
     job = Job(kind="streams", port=router.port, path="/v1/responses",
               body=responses_body(tokens, stream=True, itl_ms=itl_ms), streams=s.open_streams,
-              rounds=1, warmup_streams=8, expect_tokens=tokens, cpus=layout.loadgen,
+              rounds=1, warmup_streams=8, warmup_body=responses_body(10, stream=True, itl_ms=1),
+              expect_tokens=tokens, cpus=layout.loadgen,
               watch={"router": router.pid, "sim": sim.pid}, max_s=s.max_s, rss_interval_s=0.05,
               nofile=s.open_streams * 2 + 256, ramp_s=ramp_s)
     result = run_load(job)

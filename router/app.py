@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
 from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
-from router.state.sqlite import SQLiteStore
+from router.state import make_store
 from router.state.store import Store
 from router.turns.route import ModelRoute
 
@@ -39,9 +40,12 @@ class RouterApp:
     pools: dict[str, Pool]
     app: Starlette
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def startup(self) -> None:
         await self.store.open()
+        if self.config.store.ttl_s is not None:
+            self._tasks.append(asyncio.create_task(self._purge_loop(self.config.store.ttl_s), name="purge"))
         for cfg in self.config.pools:
             pool = self.pools[cfg.name]
             if cfg.managed is not None:
@@ -50,7 +54,20 @@ class RouterApp:
                 await pool.client.close()
             await pool.start()
 
+    async def _purge_loop(self, ttl_s: int) -> None:
+        """Expired responses already read as not found; this frees their space."""
+        while True:
+            await asyncio.sleep(min(60.0, ttl_s / 4))
+            try:
+                purged = await self.store.purge_expired(int(time.time()))
+                if purged:
+                    log.info("store: purged %d expired responses", purged)
+            except Exception:  # keep purging whatever one round did
+                log.exception("store: purge failed")
+
     async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         for pool in self.pools.values():
             for worker in pool.workers:
                 worker.healthy = False  # stop routing new requests first
@@ -116,12 +133,7 @@ def _worker_for(pool: Pool, url: str) -> Worker:
 
 
 def build(config: Config, base_dir: Path) -> RouterApp:
-    store_path = config.store.path
-    if store_path != ":memory:":
-        path = (base_dir / store_path).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        store_path = str(path)
-    store = SQLiteStore(store_path)
+    store = make_store(config.store, base_dir)
     pools = {
         cfg.name: Pool.create(
             name=cfg.name, engine=cfg.engine, model=cfg.model, balancer=make_balancer(cfg.policy), urls=cfg.urls,
@@ -141,7 +153,8 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         )
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
-        *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes,
+                      ttl_s=config.store.ttl_s).routes(),
         *PassthroughAPI(models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),
     ]

@@ -26,8 +26,10 @@ from router.turns.runner import ResponseRun
 class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes and the key check."""
 
-    def __init__(self, *, store: Store, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int) -> None:
+    def __init__(self, *, store: Store, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int,
+                 ttl_s: int | None = None) -> None:
         self.store = store
+        self.ttl_s = ttl_s
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
@@ -57,7 +59,7 @@ class ResponsesAPI:
         check_tool_outputs(prompt_items)
         run = ResponseRun(
             req=req, owner=owner, route=route, store=self.store, tools=tools, prompt_items=prompt_items,
-            input_items=input_items, response=response_object(req, response_id=response_id()),
+            input_items=input_items, response=response_object(req, response_id=response_id()), ttl_s=self.ttl_s,
         )
         if not req.stream:
             return json_response(await run.complete())

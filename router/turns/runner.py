@@ -43,6 +43,7 @@ class ResponseRun:
     # What is stored as this response's input: the request's items as sent (normalized).
     input_items: list[Item]
     response: dict[str, Any]
+    ttl_s: int | None = None  # stored responses expire this long after creation
     _worker: Worker | None = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
@@ -201,6 +202,7 @@ class ResponseRun:
                 status=response["status"],
                 body=response,
                 input_items=self.input_items,
+                expires_at=response["created_at"] + self.ttl_s if self.ttl_s else None,
             )
         )
 
