@@ -17,7 +17,8 @@ request; markers in the last user message script it (backends/sim_script.py):
 - `[sim:cached=N]`: `usage.prompt_tokens_details.cached_tokens`.
 
 `response_format` json_schema/json_object makes the content JSON valid for the
-schema; `logprobs`/`top_logprobs` add deterministic logprobs.
+schema; `logprobs`/`top_logprobs` add deterministic logprobs. `--dialect harmony`
+adds the engines' token-level generate APIs for gpt-oss (backends/sim_harmony.py).
 """
 
 from __future__ import annotations

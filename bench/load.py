@@ -36,7 +36,7 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.procs import cpu_seconds, rss_kb, sched_seconds
+from bench.procs import cpu_seconds, rss_kb, sched_seconds, thread_cpu_seconds
 
 
 @dataclass
@@ -178,6 +178,7 @@ class Watcher:
             self.rss_idle[name] = self.rss_peak[name] = rss_kb(pid)
             self.at_peak[name] = dict(self.counts)
         self.cpu0 = {name: (cpu_seconds(pid), sched_seconds(pid)) for name, pid in self.watch.items()}
+        self.threads0 = {name: thread_cpu_seconds(pid) for name, pid in self.watch.items()}
         self._task = asyncio.get_running_loop().create_task(self._sample())
 
     async def _sample(self) -> None:
@@ -190,6 +191,7 @@ class Watcher:
 
     async def stop(self) -> dict[str, Any]:
         cpu1 = {name: (cpu_seconds(pid), sched_seconds(pid)) for name, pid in self.watch.items()}
+        threads1 = {name: thread_cpu_seconds(pid) for name, pid in self.watch.items()}
         if self._task is not None:
             self._task.cancel()
         out: dict[str, Any] = {}
@@ -204,6 +206,8 @@ class Watcher:
                 "max_open": self.max_open,
                 "open_at_peak": self.at_peak[name]["open"],
                 "rss_after_kb": rss_kb(pid),
+                "threads_cpu_s": {t: round(v - self.threads0[name].get(t, 0.0), 3)
+                                  for t, v in threads1[name].items() if v - self.threads0[name].get(t, 0.0) > 0},
             }
         return out
 
@@ -211,30 +215,35 @@ class Watcher:
 async def run_closed(job: Job) -> dict[str, Any]:
     """Closed loop: ``concurrency`` connections, ``warmup`` then ``requests`` answers."""
     raw = build_request(job.host, job.port, job.path, job.body.encode())
-    conns = await asyncio.gather(*(connect(job.host, job.port) for _ in range(job.concurrency)))
+    conns = list(await asyncio.gather(*(connect(job.host, job.port) for _ in range(job.concurrency))))
     statuses: dict[int, int] = {}
     latencies: list[float] = []
 
     async def phase(total: int, record: bool, deadline: float) -> None:
         left = [total]
 
-        async def worker(conn: Conn) -> None:
+        async def worker(i: int) -> None:
             while left[0] > 0 and time.perf_counter() < deadline:
                 left[0] -= 1
                 t0 = time.perf_counter()
-                status = await conn.request(raw)
+                try:
+                    status = await conns[i].request(raw)
+                except (OSError, httptools.HttpParserError):
+                    status = 0  # counted as an error; a fresh connection for the next request
+                    conns[i].close()
+                    conns[i] = await connect(job.host, job.port)
                 if record:
                     latencies.append(time.perf_counter() - t0)
                     statuses[status] = statuses.get(status, 0) + 1
 
-        await asyncio.gather(*(worker(c) for c in conns))
+        await asyncio.gather(*(worker(i) for i in range(len(conns))))
 
     await phase(job.warmup, False, time.perf_counter() + job.max_s)
     watcher = Watcher(job.watch, job.rss_interval_s)
     watcher.start()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await phase(job.requests, True, t0 + job.max_s)
-    elapsed = time.perf_counter() - t0
+    elapsed, own_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     procs = await watcher.stop()
     for c in conns:
         c.close()
@@ -244,7 +253,7 @@ async def run_closed(job: Job) -> dict[str, Any]:
         "requests": n, "ok": statuses.get(200, 0), "statuses": {str(k): v for k, v in statuses.items()},
         "elapsed_s": elapsed, "rps": n / elapsed if elapsed else 0.0,
         "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3,
-        "mean_ms": (sum(lat) / n * 1e3) if n else 0.0, "procs": procs,
+        "mean_ms": (sum(lat) / n * 1e3) if n else 0.0, "procs": procs, "loadgen_busy": own_cpu / elapsed,
     }
 
 
@@ -297,12 +306,12 @@ async def run_streams(job: Job) -> dict[str, Any]:
             c.close()
     watcher = Watcher(job.watch, job.rss_interval_s)
     watcher.start()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     conns = await open_conns(watcher)
     results: list[dict[str, Any]] = []
     for k in range(job.rounds):
         results += await one_round(conns, watcher, job.ramp_s if k == 0 else 0.0)
-    elapsed = time.perf_counter() - t0
+    elapsed, own_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     procs = await watcher.stop()
     for c in conns:
         c.close()
@@ -319,7 +328,7 @@ async def run_streams(job: Job) -> dict[str, Any]:
         "chunks": sum(r["chunks"] for r in results), "elapsed_s": elapsed,
         "tokens_per_s": tokens / elapsed if elapsed else 0.0,
         "stream_p50_s": percentile(durations, 50), "stream_max_s": durations[-1] if durations else 0.0,
-        "errors": errors, "procs": procs,
+        "errors": errors, "procs": procs, "loadgen_busy": own_cpu / elapsed,
     }
 
 
@@ -340,14 +349,13 @@ def main(argv: list[str] | None = None) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < job.nofile:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(job.nofile, hard), hard))
+    coro = run_closed(job) if job.kind == "closed" else run_streams(job)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:
-        runner = asyncio.run
-    coro = run_closed(job) if job.kind == "closed" else run_streams(job)
-    result = runner(coro)
+        result = asyncio.run(coro)
+    else:
+        result = uvloop.run(coro)
     result["loadgen_cpus"] = affinity
     result["job"] = {k: v for k, v in asdict(job).items() if k != "body"}
     sys.stdout.write(orjson.dumps(result).decode() + "\n")

@@ -74,6 +74,36 @@ def sched_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime per live thread, keyed "name/tid": "main" for the main thread, else the
+    kernel's comm (Python 3.11 does not name OS threads, so mostly "python")."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                raw = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        head, _, rest = raw.rpartition(b")")
+        name = "main" if int(tid) == pid else head.split(b"(", 1)[1].decode(errors="replace")
+        fields = rest.split()
+        out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def pin_threads(pid: int, main: set[int], others: set[int]) -> dict[str, list[int]]:
+    """Pin the main thread of ``pid`` to ``main`` and every other live thread to ``others``."""
+    done: dict[str, list[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        cpus = main if int(tid) == pid else others
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            done[tid] = sorted(cpus)
+        except OSError:
+            continue
+    return done
+
+
 def rss_kb(pid: int) -> int:
     """VmRSS of the process in KiB, from /proc/PID/status."""
     with open(f"/proc/{pid}/status", "rb") as f:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import linecache
+import os
 import re
 import shutil
 import signal
@@ -152,16 +153,30 @@ INCLUSIVE = {
         lambda fs: any("/aiohttp/" in f.file or "backends/client.py" in f.file for f in fs),
     "our assembler (any frame)": lambda fs: any(f.file.endswith("router/turns/assembler.py") for f in fs),
     "ResponseRun (router/turns/runner.py, any frame)": lambda fs: any(f.file.endswith("router/turns/runner.py") for f in fs),
-    "SSE encode_events (router/api/sse.py)": lambda fs: any(f.file.endswith("router/api/sse.py") for f in fs),
+    "SSE encode_events (router/api/sse.py)": lambda fs: any(f.func.startswith("encode_events") for f in fs),
     "pydantic (any frame, or model_validate line)":
         lambda fs: any("/pydantic" in f.file or "model_validate" in f.source for f in fs),
     "starlette (any frame below uvicorn's run_asgi)": lambda fs: any("/starlette/" in f.file for f in fs),
 }
 
 
-def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, unit: str) -> str:
-    """Markdown: self time by group, some inclusive shares, the top leaf lines."""
+def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, unit: str,
+              rate: int, cpu_s: float, gil: bool) -> str:
+    """Markdown: self time by group, some inclusive shares, the top leaf lines.
+
+    Shares are of the samples; microseconds scale the shares to the router's measured CPU per
+    unit. Without ``--gil`` py-spy counts a thread as active when the OS says it is runnable,
+    which includes waiting for a CPU, so ``sampled s`` above the CPU seconds means preemption
+    inflated the samples at syscall lines. With ``--gil`` only the GIL holder is sampled, so
+    C code that releases the GIL (SQLite's own work, epoll) is missing from the samples: the
+    microseconds then scale to the sampled seconds, and the rest of the CPU is shown apart."""
     total = sum(n for _, _, n in samples) or 1
+    sampled_s = total / rate
+    if gil and sampled_s < cpu_s:
+        scale = us_per_unit * sampled_s / cpu_s  # us per unit that the samples stand for
+        released = us_per_unit - scale
+    else:
+        scale, released = us_per_unit, 0.0
     groups: Counter[str] = Counter()
     leaves: Counter[tuple[str, str, str]] = Counter()
     inclusive: Counter[str] = Counter()
@@ -174,13 +189,18 @@ def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, u
             for name, pred in INCLUSIVE.items():
                 if pred(frames):
                     inclusive[name] += n
-    lines = [f"{total} samples; router CPU {us_per_unit:.0f} us/{unit} during the profiled run", "",
-             f"| group (self time, leaf frame) | share | ~us/{unit} |", "|---|---:|---:|"]
+    mode = "GIL holder only" if gil else "every runnable thread"
+    lines = [f"py-spy ({mode}): {total} samples = {sampled_s:.1f} sampled s vs {cpu_s:.1f} s router CPU (/proc) in "
+             f"py-spy's window; router CPU {us_per_unit:.0f} us/{unit} in the measured phase", "",
+             f"| group (self time, leaf frame) | share of samples | ~us/{unit} |", "|---|---:|---:|"]
     for group, n in groups.most_common():
-        lines.append(f"| {group} | {n / total:.1%} | {n / total * us_per_unit:.1f} |")
-    lines += ["", f"| inclusive (main thread) | share | ~us/{unit} |", "|---|---:|---:|"]
+        lines.append(f"| {group} | {n / total:.1%} | {n / total * scale:.1f} |")
+    if released:
+        lines.append(f"| not sampled: CPU with the GIL released (SQLite's C work, epoll and other syscalls "
+                     f"outside the GIL, GIL hand-offs) | | {released:.1f} |")
+    lines += ["", f"| inclusive (main thread) | share of samples | ~us/{unit} |", "|---|---:|---:|"]
     for name, n in inclusive.most_common():
-        lines.append(f"| {name} | {n / total:.1%} | {n / total * us_per_unit:.1f} |")
+        lines.append(f"| {name} | {n / total:.1%} | {n / total * scale:.1f} |")
     lines += ["", "| top leaf lines | group | share | source |", "|---|---|---:|---|"]
     for (group, frame, src), n in leaves.most_common(25):
         lines.append(f"| `{frame}` | {group} | {n / total:.1%} | `{src.replace('|', '/')}` |")
@@ -188,12 +208,18 @@ def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, u
 
 
 def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workdir: Path,
-                rate: int, sim_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+                rate: int, split_threads: bool, gil: bool) -> tuple[str, dict[str, Any]]:
     """Fresh sim + router, py-spy on the router while ``job`` runs; the markdown summary and the load result."""
-    sim = procs.start_sim(workdir, cpus=layout.sim, src=src, **sim_args)
+    sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
     try:
         router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
         try:
+            if split_threads and procs.can_pin():
+                # the event-loop thread alone on CPU 0; the store thread, sim and load generator on
+                # the rest: otherwise py-spy counts the loop thread as active while it waits for the
+                # CPU the store thread holds (it shows up at GIL-releasing syscalls such as getrandom)
+                cpus = sorted(os.sched_getaffinity(0))
+                procs.pin_threads(router.pid, {cpus[0]}, set(cpus[1:]))
             OUT.mkdir(parents=True, exist_ok=True)
             raw = OUT / f"profile-{name}.txt"
             spy_log = open(workdir / f"py-spy-{name}.log", "w")
@@ -201,13 +227,15 @@ def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workd
                                     "--rate", str(rate), "--format", "raw", "--threads", "--full-filenames",
                                     # nonblocking: blocking mode pauses the process, and paused threads
                                     # waiting in epoll or on the executor queue were counted as active
-                                    "--nonblocking",
+                                    "--nonblocking", *(["--gil"] if gil else []),
                                     "-o", str(raw)], stdout=spy_log, stderr=subprocess.STDOUT)
             time.sleep(1.0)  # py-spy attaches
+            cpu0 = procs.cpu_seconds(router.pid)
             job.port = router.port
             job.watch = {"router": router.pid, "sim": sim.pid}
             job.cpus = layout.loadgen
             result = scenarios.run_load(job)
+            window_cpu_s = procs.cpu_seconds(router.pid) - cpu0  # warm-up included, like py-spy's window
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
         finally:
@@ -216,7 +244,15 @@ def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workd
         sim.stop()
     units, unit = unit_of(result)
     us = result["procs"]["router"]["cpu_s"] / max(units, 1) * 1e6
-    return summarize(parse_raw(raw), us, unit), result
+    threads = result["procs"]["router"]["threads_cpu_s"]
+    split = ", ".join(f"{'main' if t.startswith('main/') else 'other'} thread {v / max(units, 1) * 1e6:.0f} us/{unit}"
+                      for t, v in sorted(threads.items(), key=lambda kv: -kv[1]))
+    behind = [line.strip() for line in (workdir / f"py-spy-{name}.log").read_text().splitlines() if "behind" in line]
+    summary = summarize(parse_raw(raw), us, unit, rate, window_cpu_s, gil)
+    head = f"router CPU by thread (/proc/PID/task, measured phase): {split}"
+    if behind:
+        head += f"\n\npy-spy: {behind[-1]}"
+    return f"{head}\n\n{summary}", result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,12 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=8000, help="non-stream requests at c=32")
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--itl-ms", type=int, default=12, help="stream pacing, ms/token")
+    p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="router-alone",
+                   help="CPU pinning; router-alone by default so py-spy's samples are not inflated by the "
+                        "router waiting for a CPU the sim holds")
+    p.add_argument("--split-threads", action="store_true",
+                   help="pin the router's event-loop thread alone on CPU 0, its other threads elsewhere")
+    p.add_argument("--no-gil", dest="gil", action="store_false",
+                   help="sample every runnable thread, not only the GIL holder (counts a thread that waits "
+                        "for the CPU as busy: preemption points such as getrandom get inflated)")
     p.add_argument("--append", action="store_true", help="append the summaries to bench/RESULTS.md")
     args = p.parse_args(argv)
     if shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None:
         print("py-spy is not installed in this venv: .venv/bin/pip install py-spy", file=sys.stderr)
         return 2
-    layout = choose_layout("auto")
+    layout = choose_layout(args.layout)
     procs.raise_nofile(8192)
     workdir = Path(tempfile.mkdtemp(prefix="responses-router-profile-"))
     src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
@@ -249,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     for name, job, unit_of in jobs:
         print(f"[profile] {name}", file=sys.stderr, flush=True)
-        summary, result = profile_one(name, job, unit_of, layout, src, workdir, args.rate, {})
+        summary, result = profile_one(name, job, unit_of, layout, src, workdir, args.rate, args.split_threads,
+                                      args.gil)
         extra = (f"{result['rps']:.0f} req/s" if job.kind == "closed"
                  else f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks'] / max(result['tokens'], 1):.2f} writes/token")
         sections.append(f"### {name} ({extra}; {layout.describe()})\n\n{summary}\n")

@@ -6,6 +6,7 @@ figure for reading, never asserted.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +63,12 @@ def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], route
         cpu, sched = _cpu(r, "router")
         sim_cpu, _ = _cpu(d, "sim")
         us = _us(cpu, r["requests"])
+        threads = r["procs"]["router"].get("threads_cpu_s", {})
+        main = sum(v for t, v in threads.items() if t.startswith("main/"))
+        split = f"; loop thread {_us(main, r['requests']):.0f}, others {_us(sum(threads.values()) - main, r['requests']):.0f}"
         rows.append(Row(item if c == 1 else "6", f"{label} c={c} router CPU us/request",
                         f"sim alone: {_us(sim_cpu, d['requests']):.0f}",
-                        f"{us:.0f} (schedstat {_us(sched, r['requests']):.0f})", "",
+                        f"{us:.0f} (schedstat {_us(sched, r['requests']):.0f}{split if threads else ''})", "",
                         f"<= {cpu_target:.0f} us", _verdict(us, cpu_target)))
     return rows
 
@@ -81,6 +85,13 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
             rows += _closed_rows("1", "chat passthrough", direct or {}, res["chat"], T_CHAT_CPU_US)
     if "responses" in res:
         rows += _closed_rows("2", "responses store=true", direct or {}, res["responses"], T_CREATE_CPU_US)
+    if "nostore" in res and "responses" in res:
+        n, r = res["nostore"], res["responses"][32]
+        us_n = _us(n["procs"]["router"]["cpu_s"], n["requests"])
+        us_r = _us(r["procs"]["router"]["cpu_s"], r["requests"])
+        rows.append(Row("6", "responses store=false c=32 router CPU us/request", "",
+                        f"{us_n:.0f} (so persisting costs ~{us_r - us_n:.0f} us/request); {n['rps']:.0f} req/s",
+                        f"{us_n / us_r:.2f}x of store=true"))
     if "chat" in res and res["chat"] is None:
         rows.append(Row("6", "chat passthrough c=32 router CPU us/request", router=NA_CHAT,
                         target=f"<= {T_CHAT_CPU_US:.0f} us"))
@@ -124,9 +135,15 @@ def _open_rows(o: dict[str, Any], key: str) -> list[Row]:
                     f"{kb:.0f} KiB (peak {p['rss_peak_kb'] / 1024:.0f} MiB; held {p['max_in_flight']} at once, "
                     f"{p['max_open']} past headers at once; {p['rss_after_kb'] / 1024:.0f} MiB after)", "",
                     f"<= {T_STREAM_KB:.0f} KB", _verdict(kb, T_STREAM_KB)))
-    errors = o["errors"]
+    counts: dict[str, int] = {}
+    for key, n in o["errors"].items():
+        short = key.split(",")[0]  # "status 503" or the exception
+        counts[short] = counts.get(short, 0) + n
+    errors = ", ".join(f"{n} x {k}" for k, n in counts.items())
     if errors and "marked down" in o.get("router_log", ""):
-        errors = {**errors, "router log": "worker marked down: " + o["router_log"].split("marked down:")[-1][:120]}
+        why = o["router_log"].split("marked down:")[1].splitlines()[0]
+        m = re.search(r"(health check failed|\w+(?:Error|Exception))", why)
+        errors += "; router log: the worker was marked down (" + (m.group(1) if m else why.strip()[:60]) + ")"
     rows.append(Row("4", f"{o['streams']} streams ({shape}) complete", "",
                     f"{o['complete']}/{o['streams']} in {o['elapsed_s']:.1f} s (longest stream {o['stream_max_s']:.1f} s)"
                     + (f"; errors {errors}" if errors else ""), "",
@@ -173,6 +190,19 @@ def markdown_table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(c[i].ljust(widths[i]) for i in range(len(HEADER))) + " |" for c in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def loadgen_busy(res: dict[str, Any]) -> str:
+    """The load generator's busiest run: its own CPU time over wall time (1.0 = its core was the limit)."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for key in ("direct", "chat", "responses", "streaming"):
+        runs += [(f"{key} {k}", r) for k, r in (res.get(key) or {}).items()]
+    runs += [(key, res[key]) for key in ("nostore", "open", "burst") if key in res]
+    busy = [(r.get("loadgen_busy", 0.0), name) for name, r in runs]
+    if not busy:
+        return "n/a"
+    top, name = max(busy)
+    return f"{top:.0%} of its core at most ({name})"
 
 
 def results_entry(info: dict[str, str], table: str, notes: list[str]) -> str:

@@ -106,6 +106,8 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
                 if "2" in items:
                     _step("item 2: /v1/responses non-stream, store=true, c=1 and c=32")
                     res["responses"] = scenarios.responses_nonstream(router, sim, s, layout)
+                    _step("beside item 2: the same with store=false at c=32")
+                    res["nostore"] = scenarios.responses_nostore(router, sim, s, layout)
                 if "3" in items:
                     _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
                     res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
@@ -133,6 +135,8 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
 
     if "5" in items:
         _step("item 5: chain load (bench/chain_load.py)")
+        if src != procs.ROOT and str(src) not in sys.path:
+            sys.path.insert(0, str(src))  # chain_load imports the store in this process: the same code as above
         res["chain"] = scenarios.chain_load()
     return res
 
@@ -174,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         "without overloading the machine)"
         + (f", then {s.open_streams} sent at once of {s.burst_tokens} tokens at {s.burst_itl_ms} ms/token (burst)"
            if s.burst_tokens else ""),
+        f"load generator busy: {report.loadgen_busy(res)}",
         f"machine load average (1 min) before/after: {load_before} / {procs.loadavg()} "
         "(other work on the machine skews req/s and latency; CPU per request/token much less)",
         "CPU: router /proc/PID/stat utime+stime delta over the measured phase (schedstat ns sum as a cross-check), "
         "divided by requests or by tokens delivered (output_text.delta events counted by the client)",
     ]
+    print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
         with RESULTS.open("a") as f:
             if RESULTS.stat().st_size == 0:

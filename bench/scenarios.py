@@ -89,10 +89,10 @@ def chat_body(tokens: int, *, stream: bool = False, itl_ms: int | None = None) -
     return json.dumps(body)
 
 
-def responses_body(tokens: int, *, stream: bool = False, itl_ms: int | None = None) -> str:
-    """A /v1/responses body with ``store: true``; it reaches the sim as the same user message as ``chat_body``."""
+def responses_body(tokens: int, *, stream: bool = False, itl_ms: int | None = None, store: bool = True) -> str:
+    """A /v1/responses body (``store: true`` unless told); it reaches the sim as the same user message as ``chat_body``."""
     text = f"Benchmark request, answer briefly [sim:tokens={tokens}]" + (f" [sim:itl_ms={itl_ms}]" if itl_ms else "")
-    return json.dumps({"model": MODEL, "input": text, "store": True, "stream": stream})
+    return json.dumps({"model": MODEL, "input": text, "store": store, "stream": stream})
 
 
 def _closed(port: int, path: str, body: str, concurrency: int, requests: int, warmup: int,
@@ -137,6 +137,12 @@ def responses_nonstream(router: Proc, sim: Proc, s: Settings, layout: Layout) ->
     watch = {"router": router.pid, "sim": sim.pid}
     return {c: _closed(router.port, "/v1/responses", body, c, n, w, layout, watch, s.max_s)
             for c, n, w in _levels(s)}
+
+
+def responses_nostore(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[str, Any]:
+    """Beside item 2: the same at c=32 with ``store: false``, so the difference is what persisting costs."""
+    return _closed(router.port, "/v1/responses", responses_body(s.nonstream_tokens, store=False), 32,
+                   s.c32_requests // 2, s.c32_warmup, layout, {"router": router.pid, "sim": sim.pid}, s.max_s)
 
 
 # ---------------------------------------------------------------- items 3, 4

@@ -19,6 +19,7 @@ from backends.launcher import ManagedWorker, WorkerSpec, free_ports, start_worke
 from backends.pools import Pool, Worker
 from policies.balance import make_balancer
 from router.api.auth import Authenticator
+from router.api.conversations import ConversationsAPI
 from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
 from router.api.passthrough import PassthroughAPI
@@ -27,6 +28,7 @@ from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.state import make_store
 from router.state.store import Store
+from router.turns.background import BackgroundRuns
 from router.turns.route import ModelRoute
 
 log = logging.getLogger("router")
@@ -39,11 +41,13 @@ class RouterApp:
     store: Store
     pools: dict[str, Pool]
     app: Starlette
+    background: BackgroundRuns
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def startup(self) -> None:
         await self.store.open()
+        await self.background.start()
         if self.config.store.ttl_s is not None:
             self._tasks.append(asyncio.create_task(self._purge_loop(self.config.store.ttl_s), name="purge"))
         for cfg in self.config.pools:
@@ -68,6 +72,7 @@ class RouterApp:
     async def shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
+        await self.background.stop(self.config.background.drain_s)
         for pool in self.pools.values():
             for worker in pool.workers:
                 worker.healthy = False  # stop routing new requests first
@@ -151,12 +156,15 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         routes_by_model[m.name] = ModelRoute(
             m.name, pools[m.pool], cfg.dialect, ChatOptions(**cfg.chat.model_dump()), encoding if cfg.dialect == "harmony" else None
         )
+    background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
+                                sweep_all_at_start=config.store.kind == "sqlite")
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
         *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                      ttl_s=config.store.ttl_s).routes(),
+                      background=background, ttl_s=config.store.ttl_s).routes(),
+        *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *PassthroughAPI(models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),
     ]
     app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]
-    return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app)
+    return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)

@@ -146,6 +146,16 @@ class ModelConfig(_Section):
     pool: str = Field(min_length=1)
 
 
+class BackgroundConfig(_Section):
+    # A replica renews its lease on the background responses it runs; one that stops renewing
+    # (it died) has its responses marked failed by any replica once the lease runs out.
+    lease_s: float = Field(30.0, gt=0)
+    # How many events one response's replay log keeps (the terminal event always).
+    max_events: int = Field(100_000, ge=10)
+    # On shutdown, running background responses get this long to finish before they are failed.
+    drain_s: float = Field(10.0, ge=0)
+
+
 class HarmonyConfig(_Section):
     # The folder holding o200k_base.tiktoken (`responses-router harmony-vocab DIR` builds it);
     # empty: $TIKTOKEN_ENCODINGS_BASE. Relative to the config file.
@@ -155,6 +165,7 @@ class HarmonyConfig(_Section):
 class Config(_Section):
     server: ServerConfig = ServerConfig()
     harmony: HarmonyConfig = HarmonyConfig()
+    background: BackgroundConfig = BackgroundConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     pools: list[PoolConfig] = Field(min_length=1)

@@ -80,12 +80,13 @@ log_dir = "logs"
 """
 
 
-def start_router(tmp: Path, body: str, *, server: str = "", wait: bool = True) -> RouterProcess:
+def start_router(tmp: Path, body: str, *, server: str = "", store: str = '[store]\npath = "responses.db"\n',
+                 wait: bool = True) -> RouterProcess:
     """Write ``cfg.toml`` into ``tmp`` and start ``python -m router --config`` on a free port."""
     port = free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "cfg.toml"
-    config.write_text(f'[server]\nport = {port}\nlog_level = "info"\n{server}\n[store]\npath = "responses.db"\n{body}')
+    config.write_text(f'[server]\nport = {port}\nlog_level = "info"\n{server}\n{store}\n{body}')
     log_path = tmp / "router.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "--config", str(config)],

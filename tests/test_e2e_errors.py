@@ -90,7 +90,8 @@ def stored_statuses(router: RouterProcess) -> dict[str, str]:
         (b'{"model": "sim-chat", "input": "hi", "include": ["everything"]}', "include[0]", "invalid_value"),
         (b'{"model": "sim-chat", "input": "hi", "text": {"format": {"type": "yaml"}}}', "text.format.type", None),
         (b'{"model": "sim-chat", "input": "hi", "text": {"format": {"type": "json_schema"}}}', "text.format.schema", None),
-        (b'{"model": "sim-chat", "input": "hi", "background": true}', "background", "unsupported_parameter"),
+        (b'{"model": "sim-chat", "input": "hi", "background": true, "store": false}', "store", None),
+        (b'{"model": "sim-chat", "input": "hi", "conversation": 5}', "conversation", None),
         (b'{"model": "sim-chat", "input": []}', "input", "empty_input"),
     ],
 )

@@ -21,7 +21,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
 
 def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False) -> str:
     first, last = free_range()
-    args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab)]
+    args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
     if incremental:
         args.append("--incremental-streaming-output")
     command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}", *args]

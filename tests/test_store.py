@@ -3,17 +3,16 @@
 Each test taking ``backend`` runs once on SQLite (a temp file) and once on
 PostgreSQL (an empty schema in the throwaway database of tests/pg.py; the
 server must be reachable, these tests fail otherwise). Tests named
-``test_sqlite_*`` / ``test_postgres_*`` are about one store's internals.
+``test_sqlite_*`` / ``test_postgres_*`` are about one store's internals. The
+backends and builders are shared with tests/test_store_*.py (tests/store_fixtures.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import pytest
@@ -26,144 +25,12 @@ from router.config import ConfigError, StoreConfig
 from router.state import make_store
 from router.state.postgres import PostgresStore
 from router.state.sqlite import SQLiteStore
-from router.state.store import Item, Store, StoredResponse
-from tests.pg import fresh_schema, pg_dsn  # noqa: F401  (pg_dsn is a fixture)
+from router.state.store import Item, Store
+from tests import store_fixtures
+from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
 
-T = TypeVar("T")
-Clock = Callable[[], float]
-NOW = 1_700_000_000
-
-
-class Backend:
-    """One kind of store under test, plus raw access to what it wrote."""
-
-    kind: str
-    module: ModuleType
-
-    def store(self, clock: Clock | None = None) -> Store:
-        raise NotImplementedError
-
-    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
-        """What is really in the items table, read through a second connection."""
-        raise NotImplementedError
-
-    def raw_count(self, table: str) -> int:
-        raise NotImplementedError
-
-    def run(self, body: Callable[[Any], Awaitable[T]], clock: Clock | None = None) -> T:
-        """Open a store, run ``body`` with it, and always close it."""
-
-        async def main() -> T:
-            store = self.store(clock)
-            await store.open()
-            try:
-                return await body(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(main())
-
-
-class SQLite(Backend):
-    kind, module = "sqlite", sqlite_mod
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def store(self, clock: Clock | None = None) -> Store:
-        return SQLiteStore(str(self.path), **({"clock": clock} if clock else {}))
-
-    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
-        with sqlite3.connect(self.path) as conn:
-            sql = "SELECT kind, position, item_id FROM items WHERE response_id = ? ORDER BY kind, position"
-            return conn.execute(sql, (rid,)).fetchall()
-
-    def raw_count(self, table: str) -> int:
-        with sqlite3.connect(self.path) as conn:
-            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-
-
-class Postgres(Backend):
-    kind, module = "postgres", postgres_mod
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-
-    def store(self, clock: Clock | None = None) -> Store:
-        return PostgresStore(self.dsn, min_size=1, max_size=8, **({"clock": clock} if clock else {}))
-
-    def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        async def main() -> list[tuple[Any, ...]]:
-            conn = await asyncpg.connect(self.dsn)
-            try:
-                return [tuple(r) for r in await conn.fetch(sql, *args)]
-            finally:
-                await conn.close()
-
-        return asyncio.run(main())
-
-    def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
-        sql = "SELECT kind, position, item_id FROM items WHERE response_id = $1 ORDER BY kind, position"
-        return self.fetch(sql, rid)  # type: ignore[return-value]
-
-    def raw_count(self, table: str) -> int:
-        return self.fetch(f"SELECT count(*) FROM {table}")[0][0]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    if request.param == "sqlite":
-        return SQLite(tmp_path / "store.db")
-    return Postgres(fresh_schema(request.getfixturevalue("pg_dsn")))
-
-
-@pytest.fixture
-def sqlite_db(tmp_path: Path) -> SQLite:
-    return SQLite(tmp_path / "store.db")
-
-
-@pytest.fixture
-def pg(pg_dsn: str) -> Postgres:  # noqa: F811
-    return Postgres(fresh_schema(pg_dsn))
-
-
-def msg(item_id: str, text: str = "", role: str = "user") -> Item:
-    return {"type": "message", "id": item_id, "role": role, "content": [{"type": "input_text", "text": text or item_id}]}
-
-
-def resp(
-    rid: str,
-    *,
-    owner: str = "alice",
-    prev: str | None = None,
-    inputs: list[Item] | None = None,
-    outputs: list[Item] | None = None,
-    status: str = "completed",
-    expires_at: int | None = None,
-) -> StoredResponse:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "response",
-        "status": status,
-        "previous_response_id": prev,
-        "output": outputs if outputs is not None else [msg(f"{rid}-out", role="assistant")],
-    }
-    return StoredResponse(
-        id=rid,
-        owner=owner,
-        previous_response_id=prev,
-        created_at=1_700_000_000,
-        status=status,
-        body=body,
-        input_items=inputs if inputs is not None else [msg(f"{rid}-in")],
-        expires_at=expires_at,
-    )
-
-
-async def ids(s: Store, rid: str, owner: str = "alice") -> list[str] | None:
-    history = await s.load_history(rid, owner)
-    return None if history is None else [i["id"] for i in history]
-
+# The shared fixtures, bound here so pytest finds them for this module's tests.
+backend, pg, pg_dsn, sqlite_db = store_fixtures.backend, store_fixtures.pg, store_fixtures.pg_dsn, store_fixtures.sqlite_db
 
 # ---------------------------------------------------------------- the contract, on every store
 

@@ -79,6 +79,34 @@ def _param(loc: tuple[int | str, ...]) -> str:
             out += f"[{part}]"
         elif not out:
             out = part
-        elif part not in ("str", "list[any]", "dict[str,any]", "function-after[_metadata_limits(), nullable[dict[str,str]]]"):
+        elif part not in ("str", "list[any]", "dict[str,any]") and not part.startswith("function-after["):
             out += f".{part}"
     return out
+
+
+def int_param(raw: str, name: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value")
+    return value
+
+
+def order_param(raw: str) -> Any:
+    if raw not in ("asc", "desc"):
+        raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order", code="invalid_value")
+    return raw
+
+
+def list_page(page: Any) -> dict[str, Any]:
+    """A store ItemPage as the API's list object."""
+    data = page.data
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": page.has_more,
+    }

@@ -7,11 +7,28 @@ with a 400 naming them, so nothing is silently dropped.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from router.protocol.errors import InvalidRequest
+
+
+def _metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > 16:
+        raise ValueError("at most 16 metadata pairs")
+    for key, item in value.items():
+        if len(key) > 64:
+            raise ValueError(f"metadata key {key[:16]!r}... is longer than 64 characters")
+        if len(item) > 512:
+            raise ValueError(f"metadata value of {key!r} is longer than 512 characters")
+    return value
+
+
+# OpenAI's metadata: at most 16 string pairs, keys <= 64 characters, values <= 512.
+Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata_limits)]
 
 
 class CreateResponse(BaseModel):
@@ -26,7 +43,7 @@ class CreateResponse(BaseModel):
     top_p: float | None = Field(None, ge=0, le=1)
     max_output_tokens: int | None = Field(None, ge=1)
     max_tool_calls: int | None = Field(None, ge=1)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata = None
     store: bool = True
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -49,19 +66,6 @@ class CreateResponse(BaseModel):
     client_metadata: dict[str, Any] | None = None
     verbosity: str | None = None
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is None:
-            return None
-        if len(value) > 16:
-            raise ValueError("at most 16 metadata pairs")
-        for key, item in value.items():
-            if len(key) > 64:
-                raise ValueError(f"metadata key {key[:16]!r}... is longer than 64 characters")
-            if len(item) > 512:
-                raise ValueError(f"metadata value of {key!r} is longer than 512 characters")
-        return value
 
 
 KNOWN_INCLUDES = frozenset({
@@ -73,10 +77,6 @@ KNOWN_INCLUDES = frozenset({
 
 def check_supported(req: CreateResponse) -> None:
     """Refuse, by name, what this router cannot serve yet."""
-    if req.background:
-        raise InvalidRequest("background responses are not supported yet", param="background", code="unsupported_parameter")
-    if req.conversation is not None:
-        raise InvalidRequest("conversations are not supported yet", param="conversation", code="unsupported_parameter")
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
     for i, value in enumerate(req.include or ()):

@@ -17,6 +17,10 @@ JSONB, and a put ~1.9 ms against ~2.5-4 ms (the server parses JSONB on write).
 Schema migrations run at ``open()`` inside one transaction holding a
 ``pg_advisory_xact_lock``, so replicas starting at once apply them one at a
 time; ``schema_migrations`` records each version applied.
+
+The class is split by concern: this module holds the pool, the schema and
+responses; ``postgres_conversations`` and ``postgres_background`` hold the
+conversation and background-response methods as mixins over the same pool.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from typing import Any
 import asyncpg
 import orjson
 
+from router.state.common import check_page, item_id
+from router.state.postgres_background import PostgresBackground
+from router.state.postgres_conversations import PostgresConversations
 from router.state.store import Item, ItemPage, Order, StoredResponse
 
 INPUT, OUTPUT = 0, 1
@@ -63,6 +70,38 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (response_id, kind, position)
         )""",
     ],
+    [
+        # Background responses: who runs it until when, and whether someone asked it to stop.
+        """ALTER TABLE responses
+            ADD COLUMN lease_holder TEXT,
+            ADD COLUMN lease_until DOUBLE PRECISION,
+            ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT false""",
+        "CREATE INDEX responses_unfinished ON responses (lease_until) WHERE status IN ('queued', 'in_progress')",
+        """CREATE TABLE response_events (
+            response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE,
+            sequence_number BIGINT NOT NULL,
+            body BYTEA NOT NULL,
+            PRIMARY KEY (response_id, sequence_number)
+        )""",
+        # Conversations; next_position hands out the positions of appended items.
+        """CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            metadata BYTEA NOT NULL,
+            next_position INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE conversation_items (
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            item_id TEXT,
+            body BYTEA NOT NULL,
+            PRIMARY KEY (conversation_id, position)
+        )""",
+        # get_items looks items up by id alone (and a conversation page its ``after`` item).
+        "CREATE INDEX items_by_id ON items (item_id)",
+        "CREATE INDEX conversation_items_by_id ON conversation_items (item_id)",
+    ],
 ]
 
 _MIGRATIONS_TABLE = """CREATE TABLE schema_migrations (
@@ -87,17 +126,32 @@ SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
 """
 
+# The lease is written too, but the same holder re-putting its response never
+# shortens it (a renewal may have extended it since the StoredResponse was
+# built); ``cancel_requested`` is left alone.
 _UPSERT_SQL = """
-INSERT INTO responses AS r (id, owner, previous_response_id, created_at, status, expires_at, body)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO responses AS r (id, owner, previous_response_id, created_at, status, expires_at, body, lease_holder, lease_until)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (id) DO UPDATE SET
     previous_response_id = excluded.previous_response_id,
     created_at = excluded.created_at,
     status = excluded.status,
     expires_at = excluded.expires_at,
-    body = excluded.body
+    body = excluded.body,
+    lease_holder = excluded.lease_holder,
+    lease_until = CASE WHEN excluded.lease_holder = r.lease_holder
+        THEN greatest(r.lease_until, excluded.lease_until) ELSE excluded.lease_until END
 WHERE r.owner = excluded.owner
 RETURNING 1
+"""
+
+# Items by id ($1) from the owner's live responses and conversations.
+_GET_ITEMS_SQL = """
+SELECT i.item_id, i.body FROM items i JOIN responses r ON r.id = i.response_id
+WHERE i.item_id = ANY ($1::text[]) AND r.owner = $2 AND (r.expires_at IS NULL OR r.expires_at > $3)
+UNION ALL
+SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
+WHERE ci.item_id = ANY ($1::text[]) AND c.owner = $2
 """
 
 _INSERT_ITEMS_SQL = """
@@ -138,8 +192,9 @@ _LIST = {
 }
 
 
-class PostgresStore:
-    """``Store`` over a PostgreSQL database, shared by any number of router replicas."""
+class PostgresStore(PostgresConversations, PostgresBackground):
+    """``Store`` + ``ConversationStore`` + ``BackgroundStore`` over a PostgreSQL database,
+    shared by any number of router replicas."""
 
     def __init__(
         self, dsn: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] = time.time
@@ -207,6 +262,7 @@ class PostgresStore:
         """Upsert the response and replace all its items in one transaction.
 
         Raises PermissionError when the id exists under another owner. The
+        lease columns are written too; a pending cancel request is kept. The
         upsert locks the response's row, so concurrent puts of one id run one
         after the other and the last one's items win whole.
         """
@@ -221,11 +277,12 @@ class PostgresStore:
             for position, item in enumerate(items):
                 kinds.append(kind)
                 positions.append(position)
-                item_ids.append(item.get("id") if isinstance(item.get("id"), str) else None)
+                item_ids.append(item_id(item))
                 bodies.append(orjson.dumps(item))
         async with self._pool.acquire() as conn, conn.transaction():
+            lease_until = None if r.lease_until is None else float(r.lease_until)
             row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, r.expires_at, body)
-            if await conn.fetchval(_UPSERT_SQL, *row) is None:
+            if await conn.fetchval(_UPSERT_SQL, *row, r.lease_holder, lease_until) is None:
                 # The id exists under another owner: never let one key overwrite another's.
                 raise PermissionError(f"response {r.id!r} belongs to another owner")
             # A statement of its own: its snapshot sees the items of a put we waited for.
@@ -245,12 +302,20 @@ class PostgresStore:
         # A response without items yields one row with a NULL body: skip it.
         return [orjson.loads(body) for (body,) in rows if body is not None]
 
+    async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
+        """One query over response and conversation items; an id stored in several places
+        (a conversation keeps copies of its responses' items) yields one of its copies."""
+        if not item_ids:
+            return {}
+        rows = await self._pool.fetch(_GET_ITEMS_SQL, list(item_ids), owner, self._now())
+        return {iid: orjson.loads(body) for iid, body in rows}
+
     async def delete_response(self, response_id: str, owner: str) -> bool:
-        """Items go by ON DELETE CASCADE; children keep their own rows."""
+        """Items and events go by ON DELETE CASCADE; children keep their own rows."""
         return bool(await self._pool.fetchval(_DELETE_SQL, response_id, owner, self._now()))
 
     async def purge_expired(self, now: int) -> int:
-        """Delete expired responses (items by cascade), PURGE_BATCH per transaction."""
+        """Delete expired responses (items, events by cascade), PURGE_BATCH per transaction."""
         total = 0
         while True:
             status = await self._pool.execute(_PURGE_SQL, now, PURGE_BATCH)
@@ -273,10 +338,7 @@ class PostgresStore:
         Raises KeyError(after) when ``after`` is not one of this response's
         input items, ValueError for a limit below 1 or an unknown order.
         """
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        if order not in ("asc", "desc"):
-            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        check_page(limit, order)
         start = -1 if order == "asc" else 2**31 - 1
         args = (response_id, owner, self._now(), after, start, limit + 1)
         row = await self._pool.fetchrow(_LIST[order], *args)

@@ -10,6 +10,11 @@ key. Deleting a response leaves its children intact; a child's history then
 stops at the gap (it holds only the responses after the deleted one). An
 expired response (``expires_at <= clock()``) is a gap too, until
 ``purge_expired`` removes it.
+
+The class is split by concern: this module holds the connection, the schema
+and responses; ``sqlite_conversations`` and ``sqlite_background`` hold the
+conversation and background-response methods as mixins over the same
+connection and thread.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
+from router.state.common import check_page, item_id
+from router.state.sqlite_background import SQLiteBackground
+from router.state.sqlite_conversations import SQLiteConversations
 from router.state.store import Item, ItemPage, Order, StoredResponse
 
 T = TypeVar("T")
@@ -56,6 +65,37 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE responses ADD COLUMN expires_at INTEGER",
         "CREATE INDEX responses_by_expiry ON responses(expires_at) WHERE expires_at IS NOT NULL",
     ],
+    [
+        # Background responses: who runs it until when, and whether someone asked it to stop.
+        "ALTER TABLE responses ADD COLUMN lease_holder TEXT",
+        "ALTER TABLE responses ADD COLUMN lease_until REAL",
+        "ALTER TABLE responses ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX responses_unfinished ON responses(lease_until) WHERE status IN ('queued', 'in_progress')",
+        """CREATE TABLE response_events (
+            response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+            sequence_number INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (response_id, sequence_number)
+        )""",
+        # Conversations; next_position hands out the positions of appended items.
+        """CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            metadata BLOB NOT NULL,
+            next_position INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE conversation_items (
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            item_id TEXT,
+            body BLOB NOT NULL,
+            PRIMARY KEY (conversation_id, position)
+        )""",
+        # get_items looks items up by id alone.
+        "CREATE INDEX items_by_id ON items(item_id)",
+        "CREATE INDEX conversation_items_by_id ON conversation_items(item_id)",
+    ],
 ]
 
 # How many expired responses one purge transaction deletes: the write lock is
@@ -78,9 +118,37 @@ SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
 """
 
+# Items by id (:ids, a JSON array) from the owner's live responses and conversations.
+_GET_ITEMS_SQL = """
+SELECT i.item_id, i.body FROM items i JOIN responses r ON r.id = i.response_id
+WHERE i.item_id IN (SELECT value FROM json_each(:ids)) AND r.owner = :owner
+    AND (r.expires_at IS NULL OR r.expires_at > :now)
+UNION ALL
+SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
+WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
+"""
 
-class SQLiteStore:
-    """``Store`` over a SQLite file (or ":memory:" for tests)."""
+# The same holder re-putting its response never shortens its lease: a renewal
+# may have extended it since the StoredResponse was built.
+_UPSERT_SQL = """
+INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(id) DO UPDATE SET
+    previous_response_id = excluded.previous_response_id,
+    created_at = excluded.created_at,
+    status = excluded.status,
+    body = excluded.body,
+    expires_at = excluded.expires_at,
+    lease_holder = excluded.lease_holder,
+    lease_until = CASE WHEN excluded.lease_holder = responses.lease_holder
+        THEN max(coalesce(responses.lease_until, excluded.lease_until), coalesce(excluded.lease_until, responses.lease_until))
+        ELSE excluded.lease_until END
+WHERE responses.owner = excluded.owner
+"""
+
+
+class SQLiteStore(SQLiteConversations, SQLiteBackground):
+    """``Store`` + ``ConversationStore`` + ``BackgroundStore`` over a SQLite file (or ":memory:" for tests)."""
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
@@ -178,7 +246,8 @@ class SQLiteStore:
     async def put_response(self, response: StoredResponse) -> None:
         """Upsert the response and replace all its items in one transaction.
 
-        Raises PermissionError when the id exists under another owner.
+        Raises PermissionError when the id exists under another owner. The
+        lease columns are written too; a pending cancel request is kept.
         """
         await self._run(self._put_sync, response)
 
@@ -190,22 +259,11 @@ class SQLiteStore:
         rows: list[tuple[str, int, int, str | None, bytes]] = []
         for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
             for position, item in enumerate(items):
-                item_id = item.get("id") if isinstance(item.get("id"), str) else None
-                rows.append((r.id, kind, position, item_id, orjson.dumps(item)))
+                rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
+        row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at)
 
         def statements() -> None:
-            cur = conn.execute(
-                """INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT(id) DO UPDATE SET
-                    previous_response_id = excluded.previous_response_id,
-                    created_at = excluded.created_at,
-                    status = excluded.status,
-                    body = excluded.body,
-                    expires_at = excluded.expires_at
-                WHERE responses.owner = excluded.owner""",
-                (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at),
-            )
+            cur = conn.execute(_UPSERT_SQL, (*row, r.lease_holder, r.lease_until))
             if cur.rowcount != 1:
                 # The id exists under another owner: never let one key overwrite another's.
                 raise PermissionError(f"response {r.id!r} belongs to another owner")
@@ -238,8 +296,17 @@ class SQLiteStore:
         # A response without items yields one row with a NULL body: skip it.
         return [orjson.loads(body) for (body,) in rows if body is not None]
 
+    async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
+        """One query over response and conversation items; an id stored in several places
+        (a conversation keeps copies of its responses' items) yields one of its copies."""
+        if not item_ids:
+            return {}
+        params = {"ids": orjson.dumps(list(item_ids)).decode(), "owner": owner, "now": self._now()}
+        rows = await self._run(lambda conn: conn.execute(_GET_ITEMS_SQL, params).fetchall())
+        return {iid: orjson.loads(body) for iid, body in rows}
+
     async def delete_response(self, response_id: str, owner: str) -> bool:
-        """Items go by ON DELETE CASCADE; children keep their own rows."""
+        """Items and events go by ON DELETE CASCADE; children keep their own rows."""
         return await self._run(self._delete_sync, response_id, owner, self._now())
 
     @staticmethod
@@ -251,7 +318,7 @@ class SQLiteStore:
         return bool(rows and rows[0][0])
 
     async def purge_expired(self, now: int) -> int:
-        """Delete expired responses (items by cascade) in batches of PURGE_BATCH transactions."""
+        """Delete expired responses (items, events by cascade) in batches of PURGE_BATCH transactions."""
         total = 0
         while True:
             n = await self._run(self._purge_sync, now)
@@ -279,10 +346,7 @@ class SQLiteStore:
         input items, so the API can answer 400 naming the ``after`` param.
         Raises ValueError for a limit below 1 or an unknown order.
         """
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        if order not in ("asc", "desc"):
-            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        check_page(limit, order)
         return await self._run(self._list_sync, response_id, owner, after, limit, order, self._now())
 
     @staticmethod

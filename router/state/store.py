@@ -5,7 +5,7 @@ conversation can move between engines. Every read takes an ``owner``: the
 caller's key name, so one key never sees another key's responses.
 
 Rules every implementation follows (the contract tests in
-``tests/test_store.py`` run against each one):
+``tests/test_store*.py`` run against each one):
 
 - Response ids are unique across owners. ``put_response`` for an id that
   exists under another owner raises ``PermissionError`` and changes nothing.
@@ -20,6 +20,12 @@ Rules every implementation follows (the contract tests in
 - ``list_input_items`` raises ``KeyError(after)`` when ``after`` is not one of
   the response's input items (the API answers 400 naming ``after``), and
   ``ValueError`` for a limit below 1 or an order other than asc/desc.
+- Conversations follow the same owner rules: another owner's conversation
+  is "not found" everywhere. ``list_conversation_items`` has the same
+  ``after``/``limit``/``order`` rules as ``list_input_items``.
+- The event log of a response is deleted with the response (and purged
+  with it). Background bookkeeping (lease, cancel request) lives on the
+  response row and is never visible in the Response body.
 """
 
 from __future__ import annotations
@@ -46,6 +52,18 @@ class StoredResponse:
     input_items: list[Item] = field(default_factory=list)
     # Unix seconds after which the response counts as gone; None keeps it forever.
     expires_at: int | None = None
+    # Background responses: the router instance running it and until when it promised to (unix seconds, float).
+    # Every response put as queued/in_progress needs a lease: ``fail_abandoned`` fails one without.
+    lease_holder: str | None = None
+    lease_until: float | None = None
+
+
+@dataclass(slots=True)
+class Conversation:
+    id: str
+    owner: str
+    created_at: int
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -66,6 +84,11 @@ class Store(Protocol):
 
         Replacing drops all the old items. Raises PermissionError when the id
         exists under another owner (nothing is written then).
+
+        The lease columns are set from ``lease_holder``/``lease_until``, except
+        that a put by the holder of the current lease never shortens it (a
+        ``renew_leases`` may have extended it since this object was built). A
+        pending cancel request is kept: a running response re-puts itself.
         """
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
@@ -104,3 +127,82 @@ class Store(Protocol):
 
     async def purge_expired(self, now: int) -> int:
         """Delete every response with ``expires_at <= now`` (any owner); returns how many."""
+
+    async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
+        """Stored items by id, for ``item_reference`` input: any input or output item of this
+        owner's (unexpired) responses, or of this owner's conversations. Unknown ids are absent.
+        An id stored in several places (a conversation keeps copies of its responses' items)
+        maps to one of its copies. One query."""
+
+
+class ConversationStore(Protocol):
+    """Conversations: an ordered list of items, appended to by each response that names it."""
+
+    async def create_conversation(self, conversation: Conversation, items: list[Item]) -> None:
+        """Insert a conversation with its initial items (each has a unique ``id``), atomically.
+
+        Raises ValueError when the id is already taken, by any owner (nothing is written then).
+        """
+
+    async def get_conversation(self, conversation_id: str, owner: str) -> Conversation | None: ...
+
+    async def update_conversation(self, conversation_id: str, owner: str, metadata: dict[str, str]) -> Conversation | None:
+        """Replace the metadata; None when unknown."""
+
+    async def delete_conversation(self, conversation_id: str, owner: str) -> bool:
+        """Remove the conversation and its items (the responses that used it stay)."""
+
+    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> bool:
+        """Append items at the end, atomically; False when the conversation is unknown."""
+
+    async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
+        """Every item, oldest first, in ONE query; None when unknown."""
+
+    async def list_conversation_items(
+        self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"
+    ) -> ItemPage | None:
+        """Like ``list_input_items``: KeyError for an unknown ``after``, ValueError for a bad limit/order."""
+
+    async def get_conversation_item(self, conversation_id: str, owner: str, item_id: str) -> Item | None: ...
+
+    async def delete_conversation_item(self, conversation_id: str, owner: str, item_id: str) -> bool:
+        """Remove the item (every copy, should the id be there twice); False when none was removed.
+        ``get_conversation_item`` returns the last copy of a repeated id."""
+
+
+class BackgroundStore(Protocol):
+    """What background responses need: an event log to replay, leases, cancel requests.
+
+    Several router replicas share one store: the replica running a response
+    holds a lease on it and renews it; any replica can ask it to cancel; a
+    response whose lease ran out (its replica died) is marked failed.
+    """
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add events (each has a unique, increasing ``sequence_number``) to the response's log, atomically.
+
+        Raises KeyError(response_id) when the response is not stored (e.g. deleted meanwhile) and
+        ValueError for an event without an integer ``sequence_number`` or with one already logged;
+        nothing is written then. Any owner: the caller is the replica running the response.
+        """
+
+    async def read_events(self, response_id: str, owner: str, *, after: int = -1, limit: int = 1000) -> list[dict[str, Any]] | None:
+        """Events with ``sequence_number > after``, ascending, at most ``limit``; None when the response is
+        unknown (or expired) to this owner. ValueError for a limit below 1."""
+
+    async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
+        """Set ``lease_until`` of those of these responses whose lease ``holder`` holds (others' leases,
+        and responses with no lease, are left alone)."""
+
+    async def request_cancel(self, response_id: str, owner: str) -> bool:
+        """Flag a response for cancelling; False when it is unknown (or expired) to this owner.
+        The flag stays until the response is deleted; ``put_response`` never clears it."""
+
+    async def cancel_requested(self, response_ids: list[str]) -> set[str]:
+        """Which of these responses have a cancel request (any owner: asked by the running replica)."""
+
+    async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
+        """Responses still ``queued``/``in_progress`` whose lease ended before ``now`` (or that have
+        no lease) become ``failed``: status and body (``status``, ``error``) updated atomically, and
+        their lease cleared. Returns their ids. Safe to run on every replica at once: each response
+        is failed (and returned) by one of them only."""

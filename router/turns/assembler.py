@@ -44,6 +44,16 @@ class Assembler:
     def start(self) -> list[Event]:
         return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
 
+    def queued(self) -> list[Event]:
+        """A background response's first events: created and queued, status ``queued``."""
+        self.response["status"] = "queued"
+        return [self._lifecycle("response.created"), self._lifecycle("response.queued")]
+
+    def begin(self) -> list[Event]:
+        """A queued response starts running."""
+        self.response["status"] = "in_progress"
+        return [self._lifecycle("response.in_progress")]
+
     def feed(self, deltas: list[Delta]) -> list[Event]:
         """Events for one upstream read (they leave the router in one write)."""
         events: list[Event] = []
@@ -103,14 +113,24 @@ class Assembler:
         events.append(self._lifecycle("response." + response["status"]))
         return events
 
-    def fail(self, error: APIError) -> list[Event]:
-        """An ``error`` event, then ``response.failed`` with what was produced so far."""
+    def cancel(self) -> list[Event]:
+        """Stopped on request: what was produced stays, marked incomplete; status ``cancelled``."""
+        self._abandon_open()
+        self.response["status"] = "cancelled"
+        self._set_usage()
+        return [self._lifecycle("response.cancelled")]
+
+    def _abandon_open(self) -> None:
         if self._open is not None:
             self._open.abandon()
             self._open = None
         for call in self._calls.values():
             call.abandon()
         self._calls = {}
+
+    def fail(self, error: APIError) -> list[Event]:
+        """An ``error`` event, then ``response.failed`` with what was produced so far."""
+        self._abandon_open()
         response = self.response
         response["status"] = "failed"
         response["error"] = {"code": error.code or error.type, "message": error.message}

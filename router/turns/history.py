@@ -20,14 +20,15 @@ async def load_history(store: Store, previous_response_id: str | None, owner: st
     return items
 
 
-def resolve_input(history: list[Item], input_items: list[Item]) -> list[Item]:
+def resolve_input(history: list[Item], input_items: list[Item], stored: dict[str, Item] | None = None) -> list[Item]:
     """This turn's input with ``item_reference``s replaced by the items they name.
 
-    A reference to an item already in the history is dropped (the model sees
-    it once); one to an unknown item is a 400.
+    References resolve against the history, this input, then ``stored``
+    (items found in the store by id). A reference to an item already in the
+    history is dropped (the model sees it once); one to an unknown item is a 400.
     """
-    known = {item.get("id"): item for item in history}
-    in_history = set(known)
+    in_history = {item.get("id") for item in history}
+    known = {**(stored or {}), **{item.get("id"): item for item in history}}
     out: list[Item] = []
     for i, item in enumerate(input_items):
         if item["type"] == "item_reference":

@@ -10,6 +10,7 @@ before its terminal event leaves, so a client can chain on it at once.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,11 @@ class ResponseRun:
     input_items: list[Item]
     response: dict[str, Any]
     ttl_s: int | None = None  # stored responses expire this long after creation
+    conversation_id: str | None = None  # the turn's input and output are appended to it
+    # Background responses: the replica running it, and how long its lease lasts per renewal.
+    lease_holder: str | None = None
+    lease_s: float = 30.0
+    failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     _worker: Worker | None = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
@@ -79,12 +85,17 @@ class ResponseRun:
         """Reach a worker and get its 200 before anything is sent to the client."""
         self._stream = await self._call(lambda url, body: self.pool.client.open_sse(url, body), stream=True, release=False)
 
-    async def events(self) -> AsyncIterator[list[Event]]:
+    async def events(self, *, background: bool = False) -> AsyncIterator[list[Event]]:
         """Batches of events; one batch per upstream read."""
         assert self._stream is not None, "open_stream() first"
         asm = self._assembler
         try:
-            yield asm.start()
+            if background:
+                events = asm.begin()
+                await self._persist()
+                yield events
+            else:
+                yield asm.start()
             try:
                 decode = self._turn.chunk
                 async for batch in self._stream.batches():
@@ -105,6 +116,30 @@ class ResponseRun:
         finally:
             self._stream.close()
             self._release()
+
+    # -- background ----------------------------------------------------------
+
+    def queue(self) -> list[Event]:
+        """The first events of a background response (created, queued)."""
+        return self._assembler.queued()
+
+    async def cancelled(self) -> list[Event]:
+        """Stopped on request: record ``cancelled`` and return the last events."""
+        if self._stream is not None:
+            self._stream.close()  # the worker sees the disconnect and stops generating
+        self._release()
+        events = self._assembler.cancel()
+        await self._persist()
+        return events
+
+    async def failed(self, error: APIError) -> list[Event]:
+        """Stopped by an error outside the stream (a crash of the task): record ``failed``."""
+        if self._stream is not None:
+            self._stream.close()
+        self._release()
+        events = self._assembler.fail(error)
+        await self._persist()
+        return events
 
     def _unrunnable_call(self) -> str | None:
         """A call to a built-in tool (harmony's browser.*, python, container.*) that nothing here can run yet."""
@@ -185,26 +220,37 @@ class ResponseRun:
 
     async def _failed(self, error: APIError) -> APIError:
         """Record a response that failed before streaming began; returns the error to raise."""
-        self._assembler.fail(error)
+        self.failure_events = self._assembler.fail(error)
         await self._persist()
         return error
 
     async def _persist(self) -> None:
+        response = self.response
+        status = response["status"]
+        if self.conversation_id is not None and status in ("completed", "incomplete"):
+            await self.store.add_conversation_items(  # type: ignore[attr-defined]
+                self.conversation_id, self.owner, self.input_items + response["output"]
+            )
         if not self.req.store:
             return
-        response = self.response
+        running = status in ("queued", "in_progress") and self.lease_holder is not None
         await self.store.put_response(
             StoredResponse(
                 id=response["id"],
                 owner=self.owner,
                 previous_response_id=self.req.previous_response_id,
                 created_at=response["created_at"],
-                status=response["status"],
+                status=status,
                 body=response,
                 input_items=self.input_items,
                 expires_at=response["created_at"] + self.ttl_s if self.ttl_s else None,
+                lease_holder=self.lease_holder if running else None,
+                lease_until=time.time() + self.lease_s if running else None,
             )
         )
+
+    async def persist(self) -> None:
+        await self._persist()
 
 
 def _api_error(exc: WorkerError) -> APIError:

@@ -1,0 +1,150 @@
+"""``/v1/conversations``: a durable list of items that responses read and extend."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router.api.auth import Authenticator
+from router.api.http import int_param, json_response, list_page, order_param, parse_model, read_body
+from router.protocol.errors import InvalidRequest, NotFound
+from router.protocol.ids import new_id
+from router.protocol.items import normalize_item
+from router.protocol.requests import Metadata
+from router.state.store import Conversation, ConversationStore
+
+
+class CreateConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    items: list[Any] | None = Field(None, max_length=20)
+    metadata: Metadata = None
+
+
+class UpdateConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: Metadata = None
+
+
+class AddItems(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    items: list[Any] = Field(min_length=1, max_length=20)
+
+
+class ConversationsAPI:
+    def __init__(self, *, store: Any, auth: Authenticator, max_body_bytes: int) -> None:
+        self.store: ConversationStore = store
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/conversations", self.create, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}", self.update, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", self.delete, methods=["DELETE"]),
+            Route("/v1/conversations/{conversation_id}/items", self.list_items, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items", self.add_items, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", self.get_item, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", self.delete_item, methods=["DELETE"]),
+        ]
+
+    async def create(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        body = parse_model(CreateConversation, await read_body(request, self.max_body_bytes) or b"{}")
+        items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items or [])]
+        _no_references(items, "items")
+        conversation = Conversation(new_id("conv"), owner, int(time.time()), body.metadata or {})
+        await self.store.create_conversation(conversation, items)
+        return json_response(_shape(conversation))
+
+    async def retrieve(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        return json_response(_shape(await self._get(request, owner)))
+
+    async def update(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        body = parse_model(UpdateConversation, await read_body(request, self.max_body_bytes))
+        conversation = await self.store.update_conversation(request.path_params["conversation_id"], owner, body.metadata or {})
+        if conversation is None:
+            raise _not_found(request.path_params["conversation_id"])
+        return json_response(_shape(conversation))
+
+    async def delete(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        cid = request.path_params["conversation_id"]
+        if not await self.store.delete_conversation(cid, owner):
+            raise _not_found(cid)
+        return json_response({"id": cid, "object": "conversation.deleted", "deleted": True})
+
+    async def list_items(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        cid = request.path_params["conversation_id"]
+        query = request.query_params
+        after = query.get("after") or None
+        try:
+            page = await self.store.list_conversation_items(
+                cid, owner, after=after, limit=int_param(query.get("limit", "20"), "limit", 1, 100),
+                order=order_param(query.get("order", "desc")),
+            )
+        except KeyError:
+            raise InvalidRequest(f"No item with id '{after}' in conversation '{cid}'.", param="after", code="invalid_value") from None
+        if page is None:
+            raise _not_found(cid)
+        return json_response(list_page(page))
+
+    async def add_items(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        cid = request.path_params["conversation_id"]
+        body = parse_model(AddItems, await read_body(request, self.max_body_bytes))
+        items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items)]
+        _no_references(items, "items")
+        if not await self.store.add_conversation_items(cid, owner, items):
+            raise _not_found(cid)
+        return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
+                              "has_more": False})
+
+    async def get_item(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        cid, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
+        item = await self.store.get_conversation_item(cid, owner, item_id)
+        if item is None:
+            await self._get(request, owner)  # 404 for the conversation itself first
+            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id", code="item_not_found")
+        return json_response(item)
+
+    async def delete_item(self, request: Request) -> Response:
+        owner = self.auth.owner(request)
+        cid, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
+        conversation = await self._get(request, owner)
+        if not await self.store.delete_conversation_item(cid, owner, item_id):
+            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id", code="item_not_found")
+        return json_response(_shape(conversation))
+
+    async def _get(self, request: Request, owner: str) -> Conversation:
+        cid = request.path_params["conversation_id"]
+        conversation = await self.store.get_conversation(cid, owner)
+        if conversation is None:
+            raise _not_found(cid)
+        return conversation
+
+
+def _shape(conversation: Conversation) -> dict[str, Any]:
+    return {"id": conversation.id, "object": "conversation", "created_at": conversation.created_at,
+            "metadata": conversation.metadata}
+
+
+def _no_references(items: list[dict[str, Any]], where: str) -> None:
+    for i, item in enumerate(items):
+        if item["type"] == "item_reference":
+            raise InvalidRequest("item_reference cannot be stored in a conversation; send the item itself",
+                                 param=f"{where}[{i}]")
+
+
+def _not_found(cid: str) -> NotFound:
+    return NotFound(f"Conversation with id '{cid}' not found.", param="conversation_id", code="conversation_not_found")
+

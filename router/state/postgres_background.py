@@ -1,0 +1,126 @@
+"""``BackgroundStore`` for PostgresStore: a mixin over the store's pool.
+
+The event log is ``response_events`` (response_id, sequence_number, body),
+deleted with its response by ON DELETE CASCADE (so ``delete_response`` and
+``purge_expired`` take it along). The lease (``lease_holder``,
+``lease_until``) and the ``cancel_requested`` flag are columns of
+``responses``: ``put_response`` writes the lease and never touches the flag.
+
+``fail_abandoned`` may run on every replica at once: each batch locks the
+rows it fails with ``FOR UPDATE SKIP LOCKED``, so a row is failed by one
+replica only (another replica skips it while it is locked, and no longer
+matches it once that replica commits), and a response its holder is writing
+at that moment is left for the next sweep.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import orjson
+
+from router.state.common import UNFINISHED, encode_events, failed_body
+
+# Abandoned responses failed per transaction.
+FAIL_BATCH = 500
+
+_LIVE = "(r.expires_at IS NULL OR r.expires_at > $3)"
+
+_APPEND_SQL = """
+INSERT INTO response_events (response_id, sequence_number, body)
+SELECT $1, t.seq, t.body FROM unnest($2::bigint[], $3::bytea[]) AS t (seq, body)
+"""
+
+# No row: the response is unknown; one NULL row: it has no events after $4.
+_READ_SQL = f"""
+SELECT e.body FROM responses r
+LEFT JOIN response_events e ON e.response_id = r.id AND e.sequence_number > $4
+WHERE r.id = $1 AND r.owner = $2 AND {_LIVE}
+ORDER BY e.sequence_number LIMIT $5
+"""
+
+_RENEW_SQL = "UPDATE responses SET lease_until = $3 WHERE id = ANY ($1::text[]) AND lease_holder = $2"
+
+_CANCEL_SQL = f"UPDATE responses AS r SET cancel_requested = true WHERE r.id = $1 AND r.owner = $2 AND {_LIVE} RETURNING 1"
+
+_CANCELLED_SQL = "SELECT id FROM responses WHERE id = ANY ($1::text[]) AND cancel_requested"
+
+_ABANDONED_SQL = f"""
+SELECT id, body FROM responses
+WHERE status IN {UNFINISHED!r} AND (lease_until IS NULL OR lease_until < $1)
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+"""
+
+_FAIL_SQL = """
+UPDATE responses r SET status = 'failed', body = t.body, lease_holder = NULL, lease_until = NULL
+FROM unnest($1::text[], $2::bytea[]) AS t (id, body)
+WHERE r.id = t.id
+"""
+
+
+class PostgresBackground:
+    """Mixin of PostgresStore (which provides ``_pool``, ``_now``)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def _pool(self) -> asyncpg.Pool: ...
+
+        def _now(self) -> int: ...
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add events in one statement. KeyError(response_id) when the response is not
+        stored; ValueError when a sequence_number is missing or already logged (nothing written)."""
+        rows = encode_events(events)
+        if not rows:
+            return
+        seqs, bodies = (list(column) for column in zip(*rows))
+        try:
+            await self._pool.execute(_APPEND_SQL, response_id, seqs, bodies)
+        except asyncpg.ForeignKeyViolationError:
+            raise KeyError(response_id) from None
+        except asyncpg.UniqueViolationError as exc:
+            raise ValueError(f"response {response_id!r}: sequence_number already logged") from exc
+
+    async def read_events(
+        self, response_id: str, owner: str, *, after: int = -1, limit: int = 1000
+    ) -> list[dict[str, Any]] | None:
+        """Events after ``after``, ascending, at most ``limit``, in one query; None when the response
+        is unknown (or expired) to this owner. ValueError for a limit below 1."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        rows = await self._pool.fetch(_READ_SQL, response_id, owner, self._now(), after, limit)
+        if not rows:
+            return None
+        return [orjson.loads(body) for (body,) in rows if body is not None]
+
+    async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
+        """Set ``lease_until`` on those of these responses whose lease ``holder`` holds."""
+        if response_ids:
+            await self._pool.execute(_RENEW_SQL, sorted(response_ids), holder, float(until))
+
+    async def request_cancel(self, response_id: str, owner: str) -> bool:
+        return await self._pool.fetchval(_CANCEL_SQL, response_id, owner, self._now()) is not None
+
+    async def cancel_requested(self, response_ids: list[str]) -> set[str]:
+        if not response_ids:
+            return set()
+        return {rid for (rid,) in await self._pool.fetch(_CANCELLED_SQL, list(response_ids))}
+
+    async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
+        """Mark failed, FAIL_BATCH per transaction (rows locked FOR UPDATE SKIP LOCKED, body read,
+        modified and written back), the unfinished responses whose lease ended before ``now`` or
+        that have none. Their lease is cleared (nobody runs them any more)."""
+        orjson.dumps(error)  # an unserializable error fails here, before any write
+        failed: list[str] = []
+        while True:
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(_ABANDONED_SQL, float(now), FAIL_BATCH)
+                if rows:
+                    ids = [row["id"] for row in rows]
+                    await conn.execute(_FAIL_SQL, ids, [failed_body(row["body"], error) for row in rows])
+                    failed += ids
+            if len(rows) < FAIL_BATCH:
+                return failed

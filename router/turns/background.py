@@ -1,0 +1,226 @@
+"""Background responses: run detached from the request, logged for replay, cancellable from any replica.
+
+Every event goes to the store's event log (in small batches), so a client can
+replay and follow the stream from ANY replica, during the run or after it.
+The replica running a response holds a lease on it and renews it; a replica
+that dies stops renewing, and the sweep (on any replica) marks its responses
+failed. Cancel requests go through the store, so any replica can cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from router.protocol.errors import APIError, InvalidRequest, NotFound
+from router.state.store import BackgroundStore
+from router.turns.runner import ResponseRun
+
+log = logging.getLogger("router.background")
+
+Event = dict[str, Any]
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+ABANDONED = {"code": "router_stopped", "message": "The router running this background response stopped before it finished."}
+
+
+class BackgroundRuns:
+    """The background responses this replica runs, and the loops that keep them honest."""
+
+    def __init__(self, store: Any, *, lease_s: float = 30.0, poll_s: float = 0.25, max_events: int = 100_000,
+                 sweep_all_at_start: bool = False) -> None:
+        self.store: BackgroundStore = store
+        self.holder = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.max_events = max_events
+        self._sweep_all_at_start = sweep_all_at_start  # one replica only (SQLite): nothing else can be running
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._cancelling: set[str] = set()
+        self._wake: dict[str, asyncio.Event] = {}
+        self._loops: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED)
+        if failed:
+            log.warning("marked %d abandoned background responses failed", len(failed))
+        self._loops = [asyncio.create_task(self._lease_loop(), name="leases"),
+                       asyncio.create_task(self._cancel_loop(), name="cancels")]
+
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Let running responses finish for ``drain_s``, then fail the rest."""
+        for loop in self._loops:
+            loop.cancel()
+        if self._runs:
+            await asyncio.wait(list(self._runs.values()), timeout=drain_s)
+        for task in list(self._runs.values()):
+            task.cancel()
+        if self._runs:
+            await asyncio.wait(list(self._runs.values()), timeout=5)
+
+    # -- running ---------------------------------------------------------------
+
+    async def submit(self, run: ResponseRun) -> dict[str, Any]:
+        """Queue ``run``: stored as ``queued`` with its first events before this returns."""
+        run.lease_holder = self.holder
+        run.lease_s = self.lease_s
+        events = run.queue()
+        await run.persist()
+        await self.store.append_events(run.response["id"], events)
+        rid = run.response["id"]
+        self._wake[rid] = asyncio.Event()
+        self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
+        return dict(run.response)
+
+    async def _run(self, run: ResponseRun) -> None:
+        rid = run.response["id"]
+        log_ = _EventLog(self.store, rid, self.max_events, self._wake[rid])
+        try:
+            try:
+                await run.open_stream()
+                async for events in run.events(background=True):
+                    await log_.add(events)
+            except APIError:  # the worker could not be reached: stored failed by the runner
+                await log_.add(run.failure_events)
+            except asyncio.CancelledError:
+                if rid not in self._cancelling:
+                    raise
+                await log_.add(await run.cancelled())
+        except asyncio.CancelledError:  # shutdown: record the failure while we still can
+            await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
+        except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
+            log.exception("background response %s crashed", rid)
+            await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
+        finally:
+            await log_.flush()
+            self._runs.pop(rid, None)
+            self._cancelling.discard(rid)
+            self._wake.pop(rid, None)
+
+    async def cancel(self, body: dict[str, Any], owner: str) -> None:
+        """Ask whichever replica runs it to stop; raises 400 for a response that cannot be cancelled."""
+        rid = body["id"]
+        if not body.get("background"):
+            raise InvalidRequest("Only responses created with background set to true can be cancelled.", param="response_id")
+        if body.get("status") in FINISHED:
+            raise InvalidRequest(f"Cannot cancel a response with status '{body['status']}'.", param="response_id",
+                                 code="response_already_finished")
+        if not await self.store.request_cancel(rid, owner):
+            raise NotFound(f"Response with id '{rid}' not found.", param="response_id", code="response_not_found")
+        if rid in self._runs:  # here: no need to wait for the poll
+            self._cancel_local(rid)
+
+    def _cancel_local(self, rid: str) -> None:
+        task = self._runs.get(rid)
+        if task is not None and rid not in self._cancelling:
+            self._cancelling.add(rid)
+            task.cancel()
+
+    # -- replay ----------------------------------------------------------------
+
+    async def replay(self, rid: str, owner: str, after: int) -> AsyncIterator[list[Event]]:
+        """The event log from ``after`` on, then live events until the terminal one."""
+        finished_at: float | None = None
+        while True:
+            events = await self.store.read_events(rid, owner, after=after, limit=500)
+            if events is None:
+                return
+            if events:
+                yield events
+                after = events[-1]["sequence_number"]
+                if events[-1]["type"] in TERMINAL:
+                    return
+                continue
+            body = await self.store.get_response(rid, owner)  # type: ignore[attr-defined]
+            if body is None:
+                return
+            if body.get("status") in FINISHED:
+                # Stored before its terminal events are logged: give them a moment, then end with
+                # one made from the stored response (a replica that died never logs it).
+                finished_at = finished_at or time.monotonic()
+                if time.monotonic() - finished_at > 2.0:
+                    yield [_terminal(body, after + 1)]
+                    return
+            await self._wait(rid)
+
+    async def _wait(self, rid: str) -> None:
+        wake = self._wake.get(rid)
+        if wake is None:  # running elsewhere (or finished): poll
+            await asyncio.sleep(self.poll_s / 2)
+            return
+        wake.clear()  # running here: woken as soon as events are logged
+        try:
+            await asyncio.wait_for(wake.wait(), self.poll_s)
+        except TimeoutError:
+            pass
+
+    # -- loops -----------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if self._runs:
+                    await self.store.renew_leases(list(self._runs), self.holder, time.time() + self.lease_s)
+                failed = await self.store.fail_abandoned(time.time(), ABANDONED)
+                if failed:
+                    log.warning("marked abandoned background responses failed: %s", ", ".join(failed))
+            except Exception:  # noqa: BLE001 - keep renewing whatever one round did
+                log.exception("lease round failed")
+
+    async def _cancel_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if not self._runs:
+                continue
+            try:
+                for rid in await self.store.cancel_requested(list(self._runs)):
+                    self._cancel_local(rid)
+            except Exception:  # noqa: BLE001
+                log.exception("cancel poll failed")
+
+
+def _terminal(body: dict[str, Any], sequence_number: int) -> Event:
+    status = body.get("status")
+    kind = f"response.{status}" if status in FINISHED else "response.failed"
+    return {"type": kind, "response": body, "sequence_number": sequence_number}
+
+
+class _EventLog:
+    """Buffers a response's events and writes them in small batches (at most every 50 ms)."""
+
+    def __init__(self, store: BackgroundStore, rid: str, cap: int, wake: asyncio.Event) -> None:
+        self._store = store
+        self._rid = rid
+        self._cap = cap
+        self._wake = wake
+        self._pending: list[Event] = []
+        self._written = 0
+        self._last = 0.0
+
+    async def add(self, events: list[Event]) -> None:
+        self._pending += events
+        terminal = bool(events) and events[-1]["type"] in TERMINAL
+        if terminal or time.monotonic() - self._last >= 0.05 or len(self._pending) >= 256:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        room = self._cap - self._written
+        if len(batch) > room:  # bounded: keep the terminal event so replays still end
+            batch = batch[: max(room - 1, 0)] + [batch[-1]] if room > 0 else []
+        if batch:
+            try:
+                await self._store.append_events(self._rid, batch)
+            except KeyError:  # the response was deleted while it ran: nothing left to replay
+                self._cap = 0
+            self._written += len(batch)
+        self._last = time.monotonic()
+        self._wake.set()

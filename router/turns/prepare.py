@@ -1,0 +1,70 @@
+"""A validated request -> a ResponseRun ready to go: route, tools, history, prompt.
+
+Everything that can be refused is refused here, before any worker is called
+or anything is stored.
+"""
+
+from __future__ import annotations
+
+from router.protocol.errors import InvalidRequest, NotFound
+from router.protocol.ids import response_id
+from router.protocol.items import Item, normalize_input
+from router.protocol.requests import CreateResponse, check_supported
+from router.protocol.shapes import response_object
+from router.protocol.tools import build_toolset
+from router.state.store import Store
+from router.turns.history import check_tool_outputs, load_history, resolve_input
+from router.turns.route import ModelRoute
+from router.turns.runner import ResponseRun
+
+
+async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelRoute],
+                  ttl_s: int | None) -> ResponseRun:
+    check_supported(req)
+    route = models.get(req.model)
+    if route is None:
+        raise NotFound(f"The model '{req.model}' does not exist.", param="model", code="model_not_found")
+    if req.background and not req.store:
+        raise InvalidRequest("background responses must be stored: store cannot be false", param="store")
+    tools = build_toolset(req.tools, req.tool_choice)
+    conversation_id = _conversation_id(req)
+    if conversation_id is not None:
+        if req.previous_response_id is not None:
+            raise InvalidRequest("Use either conversation or previous_response_id, not both.", param="conversation")
+        history = await store.load_conversation(conversation_id, owner)  # type: ignore[attr-defined]
+        if history is None:
+            raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
+                           code="conversation_not_found")
+    else:
+        history = await load_history(store, req.previous_response_id, owner)
+    input_items = normalize_input(req.input)
+    input_items = resolve_input(history, input_items, await _referenced(store, input_items, owner))
+    if not input_items and not history:
+        raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
+    prompt_items = history + input_items
+    check_tool_outputs(prompt_items)
+    response = response_object(req, response_id=response_id())
+    if conversation_id is not None:
+        response["conversation"] = {"id": conversation_id}
+    return ResponseRun(
+        req=req, owner=owner, route=route, store=store, tools=tools, prompt_items=prompt_items,
+        input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
+    )
+
+
+def _conversation_id(req: CreateResponse) -> str | None:
+    conv = req.conversation
+    if conv is None:
+        return None
+    value = conv.get("id") if isinstance(conv, dict) else conv
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("conversation must be an id or {\"id\": ...}", param="conversation")
+    return value
+
+
+async def _referenced(store: Store, input_items: list[Item], owner: str) -> dict[str, Item]:
+    """Stored items named by ``item_reference`` inputs (one store query, only when there are any)."""
+    ids = [item["id"] for item in input_items if item["type"] == "item_reference"]
+    if not ids:
+        return {}
+    return await store.get_items(ids, owner)

@@ -1,0 +1,100 @@
+"""Several router processes sharing one PostgreSQL, and routers that die mid-response."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.pg import pg_dsn  # noqa: F401 - the fixture
+from tests.procs import RouterProcess, sim_pool_toml, start_router
+from tests.test_e2e_state import running_on_workers, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def replica(tmp: Path, dsn: str, lease_s: float = 2.0) -> RouterProcess:
+    store = f'[store]\nkind = "postgres"\ndsn = "{dsn}"\n[background]\nlease_s = {lease_s}\n'
+    body = sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n'
+    return start_router(tmp, body, store=store)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[tuple[RouterProcess, RouterProcess]]:  # noqa: F811
+    a = replica(tmp_path_factory.mktemp("a"), pg_dsn)
+    b = replica(tmp_path_factory.mktemp("b"), pg_dsn)
+    yield a, b
+    assert a.stop() == 0 and b.stop() == 0
+
+
+def sdk(router: RouterProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_create_on_one_replica_chain_on_the_other(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = map(sdk, pair)
+    first = a.responses.create(model=MODEL, input="on a")
+    second = b.responses.create(model=MODEL, input="on b [sim:echo]", previous_response_id=first.id)
+    assert "on a" in second.output_text
+    conv = b.conversations.create()
+    a.responses.create(model=MODEL, input="in conv", conversation=conv.id)
+    assert len(b.conversations.items.list(conv.id).data) == 2
+
+
+def test_background_on_a_replayed_and_cancelled_from_b(pair) -> None:  # type: ignore[no-untyped-def]
+    router_a, _ = pair
+    a, b = map(sdk, pair)
+    quick = a.responses.create(model=MODEL, input="short [sim:tokens=20] [sim:itl_ms=5]", background=True)
+    with b.responses.stream(response_id=quick.id) as stream:  # follows live events logged by a
+        final = stream.get_final_response()
+    assert final.status == "completed" and len(final.output_text.split()) == 20
+    long = a.responses.create(model=MODEL, input="long [sim:tokens=3000] [sim:itl_ms=20]", background=True)
+    wait_for(b, long.id, {"in_progress"})
+    b.responses.cancel(long.id)
+    assert wait_for(b, long.id, {"cancelled"}).status == "cancelled"
+    deadline = time.monotonic() + 10
+    while running_on_workers(router_a) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_on_workers(router_a) == 0, "a's worker kept generating after b cancelled"
+
+
+def test_a_dead_replicas_background_response_fails(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
+    doomed = replica(tmp_path / "doomed", pg_dsn, lease_s=1.0)
+    survivor = replica(tmp_path / "survivor", pg_dsn, lease_s=1.0)
+    try:
+        kept = sdk(doomed).responses.create(model=MODEL, input="kept")
+        running = sdk(doomed).responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", background=True)
+        wait_for(sdk(survivor), running.id, {"in_progress"})
+        os.kill(doomed.proc.pid, signal.SIGKILL)
+        doomed.proc.wait()
+        failed = wait_for(sdk(survivor), running.id, {"failed"}, timeout=20)
+        assert failed.error.code == "router_stopped"
+        assert sdk(survivor).responses.retrieve(kept.id).status == "completed"
+    finally:
+        survivor.stop()
+
+
+def test_sqlite_router_killed_and_restarted(tmp_path: Path) -> None:
+    body = sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n'
+    router = start_router(tmp_path, body)
+    client = sdk(router)
+    kept = client.responses.create(model=MODEL, input="kept")
+    running = client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", background=True)
+    wait_for(client, running.id, {"in_progress"})
+    os.kill(router.proc.pid, signal.SIGKILL)
+    router.proc.wait()
+    restarted = start_router(tmp_path, body)  # the same config, store file and port range
+    try:
+        client = sdk(restarted)
+        assert client.responses.retrieve(running.id).status == "failed"
+        assert client.responses.retrieve(running.id).error.code == "router_stopped"
+        assert client.responses.retrieve(kept.id).output_text
+        assert client.responses.create(model=MODEL, input="go on", previous_response_id=kept.id).status == "completed"
+    finally:
+        assert restarted.stop() == 0

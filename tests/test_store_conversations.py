@@ -1,0 +1,223 @@
+"""The ConversationStore contract and ``Store.get_items`` (router/state/store.py), on every store.
+
+Each test taking ``backend`` runs once on SQLite and once on PostgreSQL
+(tests/store_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.state.store import Conversation
+from tests import store_fixtures
+from tests.store_fixtures import NOW, Backend, msg, resp
+
+backend, pg_dsn = store_fixtures.backend, store_fixtures.pg_dsn
+
+
+def conv(cid: str = "conv_1", owner: str = "alice", **metadata: str) -> Conversation:
+    return Conversation(id=cid, owner=owner, created_at=NOW, metadata=dict(metadata))
+
+
+async def conv_ids(s: Any, cid: str = "conv_1", owner: str = "alice") -> list[str] | None:
+    items = await s.load_conversation(cid, owner)
+    return None if items is None else [i["id"] for i in items]
+
+
+def test_create_get_update_delete(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        c = conv(topic="demo")
+        await s.create_conversation(c, [msg("a"), msg("b", role="assistant")])
+        assert await s.get_conversation("conv_1", "alice") == c
+        assert await s.load_conversation("conv_1", "alice") == [msg("a"), msg("b", role="assistant")]
+        updated = await s.update_conversation("conv_1", "alice", {"topic": "other", "k": "v"})
+        assert updated == Conversation(id="conv_1", owner="alice", created_at=NOW, metadata={"topic": "other", "k": "v"})
+        assert await s.get_conversation("conv_1", "alice") == updated
+        assert await s.update_conversation("conv_1", "alice", {}) == conv()
+        # An id is taken once, whoever asks again; nothing changes.
+        with pytest.raises(ValueError):
+            await s.create_conversation(conv(), [msg("x")])
+        with pytest.raises(ValueError):
+            await s.create_conversation(conv(owner="bob"), [msg("x")])
+        assert await conv_ids(s) == ["a", "b"]
+        assert await s.delete_conversation("conv_1", "alice") is True
+        assert await s.delete_conversation("conv_1", "alice") is False
+        assert await s.get_conversation("conv_1", "alice") is None
+        assert await s.load_conversation("conv_1", "alice") is None
+        assert await s.update_conversation("conv_1", "alice", {"k": "v"}) is None
+        assert await s.add_conversation_items("conv_1", "alice", [msg("c")]) is False
+        assert await s.list_conversation_items("conv_1", "alice") is None
+        assert await s.get_conversation_item("conv_1", "alice", "a") is None
+        assert await s.delete_conversation_item("conv_1", "alice", "a") is False
+        # The id is free again.
+        await s.create_conversation(conv(), [])
+        assert await s.load_conversation("conv_1", "alice") == []
+
+    backend.run(body)
+
+
+def test_owner_isolation_on_every_method(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(k="v"), [msg("a")])
+        assert await s.get_conversation("conv_1", "bob") is None
+        assert await s.update_conversation("conv_1", "bob", {"evil": "1"}) is None
+        assert await s.add_conversation_items("conv_1", "bob", [msg("evil")]) is False
+        assert await s.load_conversation("conv_1", "bob") is None
+        assert await s.list_conversation_items("conv_1", "bob") is None
+        assert await s.list_conversation_items("conv_1", "bob", after="zzz") is None  # unknown beats a bad after
+        assert await s.get_conversation_item("conv_1", "bob", "a") is None
+        assert await s.delete_conversation_item("conv_1", "bob", "a") is False
+        assert await s.delete_conversation("conv_1", "bob") is False
+        assert await s.get_items(["a"], "bob") == {}
+        # Alice's conversation is untouched.
+        assert await s.get_conversation("conv_1", "alice") == conv(k="v")
+        assert await conv_ids(s) == ["a"]
+
+    backend.run(body)
+
+
+def test_add_items_appends_in_order(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(), [msg("a"), msg("b")])
+        assert await s.add_conversation_items("conv_1", "alice", [msg("c"), msg("d")]) is True
+        assert await s.add_conversation_items("conv_1", "alice", []) is True
+        assert await s.delete_conversation_item("conv_1", "alice", "b") is True
+        assert await s.delete_conversation_item("conv_1", "alice", "b") is False
+        assert await s.get_conversation_item("conv_1", "alice", "b") is None
+        # After a deletion, appends still go to the end.
+        assert await s.add_conversation_items("conv_1", "alice", [msg(f"e{k}") for k in range(11)]) is True
+        assert await conv_ids(s) == ["a", "c", "d", *(f"e{k}" for k in range(11))]
+        assert await s.get_conversation_item("conv_1", "alice", "e10") == msg("e10")
+        # An empty conversation, and one emptied, load as [].
+        await s.create_conversation(conv("conv_2"), [])
+        assert await s.load_conversation("conv_2", "alice") == []
+        await s.add_conversation_items("conv_2", "alice", [msg("z")])
+        await s.delete_conversation_item("conv_2", "alice", "z")
+        assert await s.load_conversation("conv_2", "alice") == []
+
+    backend.run(body)
+
+
+def test_concurrent_appends_lose_nothing(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(), [])
+        await asyncio.gather(
+            *(s.add_conversation_items("conv_1", "alice", [msg(f"t{k}-0"), msg(f"t{k}-1")]) for k in range(40))
+        )
+        got = await conv_ids(s)
+        assert got is not None and len(got) == 80 and set(got) == {f"t{k}-{j}" for k in range(40) for j in (0, 1)}
+        for k in range(40):  # each append's items stay together, in order
+            assert got.index(f"t{k}-1") == got.index(f"t{k}-0") + 1
+
+    backend.run(body)
+
+
+def test_list_conversation_items_pagination(backend: Backend) -> None:
+    item_ids = ["a", "b", "c", "d", "e"]
+
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(), [msg(i) for i in item_ids[:2]])
+        await s.add_conversation_items("conv_1", "alice", [msg(i) for i in item_ids[2:]])
+
+        async def page(**kw: Any) -> tuple[list[str], bool]:
+            p = await s.list_conversation_items("conv_1", "alice", **kw)
+            assert p is not None
+            return [i["id"] for i in p.data], p.has_more
+
+        assert await page() == (["e", "d", "c", "b", "a"], False)  # default: desc, limit 20
+        assert await page(limit=2) == (["e", "d"], True)
+        assert await page(limit=2, after="d") == (["c", "b"], True)
+        assert await page(limit=2, after="b") == (["a"], False)
+        assert await page(after="a") == ([], False)
+        assert await page(order="asc", limit=2) == (["a", "b"], True)
+        assert await page(order="asc", limit=2, after="b") == (["c", "d"], True)
+        assert await page(order="asc", limit=2, after="d") == (["e"], False)
+        assert await page(order="asc", limit=5) == (item_ids, False)
+        assert await page(order="asc", limit=4) == (item_ids[:4], True)
+        with pytest.raises(KeyError) as err:
+            await s.list_conversation_items("conv_1", "alice", after="zzz")
+        assert err.value.args == ("zzz",)
+        with pytest.raises(ValueError):
+            await s.list_conversation_items("conv_1", "alice", limit=0)
+        with pytest.raises(ValueError):
+            await s.list_conversation_items("conv_1", "alice", order="sideways")
+        # A deleted item is no longer a valid ``after``, and the page closes over its gap.
+        await s.delete_conversation_item("conv_1", "alice", "c")
+        with pytest.raises(KeyError):
+            await s.list_conversation_items("conv_1", "alice", after="c")
+        assert await page(order="asc", after="b") == (["d", "e"], False)
+        await s.create_conversation(conv("empty"), [])
+        empty = await s.list_conversation_items("empty", "alice")
+        assert empty is not None and (empty.data, empty.has_more) == ([], False)
+        with pytest.raises(KeyError):
+            await s.list_conversation_items("empty", "alice", after="a")
+
+    backend.run(body)
+
+
+def test_delete_cascades_and_leaves_responses(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(), [msg("a"), msg("b")])
+        await s.create_conversation(conv("conv_2"), [msg("x")])
+        await s.put_response(resp("r1", inputs=[msg("a")], outputs=[msg("b")]))
+        assert await s.delete_conversation("conv_1", "alice") is True
+        assert await s.get_response("r1", "alice") is not None
+        assert await s.get_items(["a", "b", "x"], "alice") == {"a": msg("a"), "b": msg("b"), "x": msg("x")}
+        assert await conv_ids(s, "conv_2") == ["x"]
+
+    backend.run(body)
+    assert backend.raw_count("conversation_items") == 1  # cascade: the foreign key is enforced
+    assert backend.raw_count("conversations") == 1
+
+
+def test_unserializable_items_write_nothing(backend: Backend) -> None:
+    bad = {"type": "message", "id": "bad", "content": {1, 2}}
+
+    async def body(s: Any) -> None:
+        with pytest.raises(TypeError):
+            await s.create_conversation(conv(), [msg("a"), bad])
+        assert await s.get_conversation("conv_1", "alice") is None
+        await s.create_conversation(conv(), [msg("a")])
+        with pytest.raises(TypeError):
+            await s.add_conversation_items("conv_1", "alice", [msg("b"), bad])
+        await s.add_conversation_items("conv_1", "alice", [msg("c")])
+        assert await conv_ids(s) == ["a", "c"]
+
+    backend.run(body)
+
+
+# ---------------------------------------------------------------- get_items
+
+
+def test_get_items_across_responses_and_conversations(backend: Backend) -> None:
+    async def body(s: Any) -> None:
+        await s.put_response(resp("r1", inputs=[msg("in1"), msg("in2")], outputs=[msg("out1", role="assistant")]))
+        await s.put_response(resp("r2", prev="r1", inputs=[msg("in3")], outputs=[]))
+        await s.put_response(resp("old", inputs=[msg("expired-in")], outputs=[msg("expired-out")], expires_at=NOW))
+        await s.put_response(resp("rb", owner="bob", inputs=[msg("bob-in")], outputs=[msg("bob-out")]))
+        await s.create_conversation(conv(), [msg("c1")])
+        await s.add_conversation_items("conv_1", "alice", [msg("c2", role="assistant")])
+        await s.create_conversation(conv("conv_b", owner="bob"), [msg("bob-c")])
+        wanted = ["in1", "out1", "in3", "c1", "c2", "expired-in", "expired-out", "bob-in", "bob-out", "bob-c", "nope"]
+        assert await s.get_items(wanted, "alice") == {
+            "in1": msg("in1"),
+            "out1": msg("out1", role="assistant"),
+            "in3": msg("in3"),
+            "c1": msg("c1"),
+            "c2": msg("c2", role="assistant"),
+        }
+        assert await s.get_items(wanted, "bob") == {"bob-in": msg("bob-in"), "bob-out": msg("bob-out"), "bob-c": msg("bob-c")}
+        assert await s.get_items([], "alice") == {}
+        assert await s.get_items(["in1", "in1"], "alice") == {"in1": msg("in1")}
+        # An id kept in a response and (as a copy) in a conversation comes back once.
+        await s.add_conversation_items("conv_1", "alice", [msg("in1")])
+        assert await s.get_items(["in1"], "alice") == {"in1": msg("in1")}
+        # A deleted response's items are gone; a deleted conversation item too.
+        await s.delete_response("r2", "alice")
+        await s.delete_conversation_item("conv_1", "alice", "c2")
+        assert await s.get_items(["in3", "c2", "c1"], "alice") == {"c1": msg("c1")}
+
+    backend.run(body, clock=lambda: NOW)
