@@ -52,6 +52,27 @@ class ManagedWorker:
     _log_file: object | None = None
     _watch: asyncio.Task[None] | None = None
     stopping: bool = False
+    # After the first start succeeded, a crash is followed by a restart with exponential backoff.
+    supervised: bool = False
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    restarts: int = 0
+    crashes_in_a_row: int = 0
+    state: str = "starting"  # starting | ready | backoff | stopped
+    last_exit_code: int | None = None
+    _started_at: float = 0.0
+    _client: WorkerClient | None = None
+    _start_timeout_s: float = 120.0
+
+    def describe(self) -> dict[str, object]:
+        """For /health: what the supervisor knows about the process."""
+        return {
+            "pid": self.process.pid if self.process else None,
+            "state": self.state,
+            "restarts": self.restarts,
+            "crash_loop": self.crashes_in_a_row >= 3,
+            "last_exit_code": self.last_exit_code,
+        }
 
     @property
     def url(self) -> str:
@@ -61,6 +82,8 @@ class ManagedWorker:
         argv = launch_command(self.spec.engine, self.spec.command, host=self.spec.host, port=self.port,
                               model=self.spec.model, extra=self.spec.extra_args)
         out = None
+        if self._log_file is not None:
+            self._log_file.close()  # type: ignore[attr-defined]
         if self.spec.log_path is not None:
             self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = out = open(self.spec.log_path, "ab")
@@ -74,14 +97,36 @@ class ManagedWorker:
             preexec_fn=_die_with_parent,
         )
         log.info("%s: starting on %s (pid %d): %s", self.label, self.url, self.process.pid, " ".join(argv))
+        self._started_at = time.monotonic()
         self._watch = asyncio.create_task(self._wait(on_exit))
 
     async def _wait(self, on_exit: Callable[[ManagedWorker, int], None]) -> None:
         assert self.process is not None
         code = await self.process.wait()
-        if not self.stopping:
-            log.error("%s: exited with code %s", self.label, code)
-            on_exit(self, code)
+        if self.stopping:
+            return
+        self.last_exit_code = code
+        log.error("%s: exited with code %s", self.label, code)
+        on_exit(self, code)
+        if not self.supervised:
+            return  # still starting: start_workers reports the failure
+        # A worker that ran for a while before dying is not in a crash loop: start the backoff over.
+        self.crashes_in_a_row = 1 if time.monotonic() - self._started_at > 60 else self.crashes_in_a_row + 1
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (self.crashes_in_a_row - 1))
+        self.state = "backoff"
+        if self.crashes_in_a_row >= 3:
+            log.error("%s: crash loop (%d crashes in a row); next restart in %.0f s", self.label, self.crashes_in_a_row, delay)
+        await asyncio.sleep(delay)
+        if self.stopping:
+            return
+        self.restarts += 1
+        self.state = "starting"
+        await self.spawn(on_exit)
+        if self._client is not None:
+            try:
+                await self.wait_ready(self._client, self._start_timeout_s)
+            except LaunchError as exc:  # the new process's own watcher handles its exit
+                log.error("%s", exc)
 
     async def wait_ready(self, client: WorkerClient, timeout_s: float) -> None:
         """Ready = health answers 200 AND the served model is listed."""
@@ -97,6 +142,7 @@ class ManagedWorker:
                     status, body = await client.get(self.url + engine.models_path)
                     if status == 200 and self.spec.model in _model_ids(body):
                         log.info("%s: ready after %.1f s", self.label, time.monotonic() - started)
+                        self.state = "ready"
                         return
             except WorkerUnavailable:
                 pass
@@ -106,6 +152,7 @@ class ManagedWorker:
     async def stop(self, timeout_s: float) -> None:
         """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
         self.stopping = True
+        self.state = "stopped"
         proc = self.process
         if proc is not None and proc.returncode is None:
             _signal_group(proc.pid, signal.SIGTERM)
@@ -134,6 +181,10 @@ async def start_workers(
         for worker in workers:
             await worker.spawn(on_exit)
         await asyncio.gather(*(w.wait_ready(client, timeout_s) for w in workers))
+        for worker in workers:
+            worker.supervised = True
+            worker._client = client
+            worker._start_timeout_s = timeout_s
     except BaseException:
         await asyncio.gather(*(w.stop(2.0) for w in workers), return_exceptions=True)
         raise

@@ -28,15 +28,19 @@ class Worker:
     healthy: bool = False
     last_error: str | None = None
     served: int = 0
+    process: Any = None  # the launcher's ManagedWorker, for managed pools
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "url": self.url,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
             "served": self.served,
             "last_error": self.last_error,
         }
+        if self.process is not None:
+            out["process"] = self.process.describe()
+        return out
 
 
 class NoHealthyWorker(Exception):

@@ -107,7 +107,7 @@ class RouterApp:
             specs, ports, pool.client, label=f"pool {cfg.name}", timeout_s=managed.start_timeout_s,
             on_exit=lambda mw, code: pool.mark_down(_worker_for(pool, mw.url), f"process exited with code {code}"),
         )
-        pool.workers = [Worker(w.url, healthy=True) for w in workers]
+        pool.workers = [Worker(w.url, healthy=True, process=w) for w in workers]
         return workers
 
 

@@ -65,7 +65,7 @@ def test_sigkill_of_the_router_leaves_no_orphans(tmp_path: Path) -> None:
     assert wait_until(lambda: all(not _alive(p) for p in pids)), "worker processes outlived a SIGKILLed router"
 
 
-def test_a_dead_worker_is_reported_and_avoided(tmp_path: Path) -> None:
+def test_a_dead_worker_is_reported_avoided_and_restarted(tmp_path: Path) -> None:
     router = start_router(tmp_path, sim_pool_toml() + MODELS)
     try:
         urls = worker_urls(router.base_url)
@@ -83,6 +83,15 @@ def test_a_dead_worker_is_reported_and_avoided(tmp_path: Path) -> None:
         for i in range(4):
             assert client.responses.create(model="chat", input=f"still served {i}").status == "completed"
         assert "exited with code" in router.log()
+
+        def restarted() -> bool:  # the supervisor brings it back after a backoff
+            with urllib.request.urlopen(router.base_url + "/health") as resp:
+                pool = json.loads(resp.read())["pools"][0]
+            dead = next(w for w in pool["workers"] if w["url"] == urls[0])
+            return pool["healthy_workers"] == 2 and dead["process"]["restarts"] == 1 and dead["process"]["state"] == "ready"
+
+        assert wait_until(restarted), router.log()
+        assert pid_on(urls[0]) > 0
     finally:
         assert router.stop() == 0
 
