@@ -196,7 +196,26 @@ def _normalize_reference(raw: Item, where: str) -> Item:
     return {"type": "item_reference", "id": _str(raw, "id", where)}
 
 
+def _normalize_tool_item(prefix: str, required: tuple[str, ...]) -> Callable[[Item, str], Item]:
+    """Router-run tool items replayed by a client: kept as sent, with an id and the fields the loop reads."""
+
+    def normalize(raw: Item, where: str) -> Item:
+        for key in required:
+            _str(raw, key, where)
+        item = dict(raw)
+        item["id"] = _id(raw.get("id"), prefix)
+        return item
+
+    return normalize
+
+
 _NORMALIZERS: dict[str, Callable[[Item, str], Item]] = {
+    "mcp_list_tools": _normalize_tool_item("mcpl", ("server_label",)),
+    "mcp_call": _normalize_tool_item("mcp", ("server_label", "name", "arguments")),
+    "mcp_approval_request": _normalize_tool_item("mcpr", ("server_label", "name", "arguments")),
+    "mcp_approval_response": _normalize_tool_item("mcpa", ("approval_request_id",)),
+    "web_search_call": _normalize_tool_item("ws", ()),
+    "code_interpreter_call": _normalize_tool_item("ci", ()),
     "message": _normalize_message,
     "function_call": _normalize_function_call,
     "function_call_output": _normalize_function_call_output,
