@@ -17,19 +17,24 @@ from typing import Protocol, TypeVar
 class Candidate(Protocol):
     """A healthy worker as the policies see it.
 
-    ``in_flight``: requests this router has sent to the worker and not yet
-    seen finish (an int >= 0).
+    ``in_flight`` (required): requests this router has sent to the worker
+    and not yet seen finish, an int >= 0.
 
-    ``load``: how busy the worker is, a plain number where LOWER IS BETTER.
-    The pool sets it to the router's ``in_flight`` plus the queue depth it
-    last scraped from the engine (requests waiting, not yet scheduled), so
-    it counts other routers' traffic too; it is in units of requests and is
-    never negative. It is optional at runtime: a candidate object without a
-    ``load`` attribute is treated as ``load == in_flight`` (see ``load_of``).
+    ``load`` (optional, see ``Loaded``): how busy the worker is, a plain
+    number where LOWER IS BETTER. The pool sets it to the router's
+    ``in_flight`` plus the queue depth it last scraped from the engine
+    (requests waiting, not yet scheduled), so it counts other routers'
+    traffic too; in units of requests, never negative. A candidate without
+    a ``load`` attribute (or with ``load = None``) counts as
+    ``load == in_flight``; policies read it only through ``load_of``.
     """
 
     @property
     def in_flight(self) -> int: ...
+
+
+class Loaded(Candidate, Protocol):
+    """A candidate that carries the load signal."""
 
     @property
     def load(self) -> float: ...

@@ -28,6 +28,7 @@ from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.state import make_store
 from router.state.store import Store
+from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.route import ModelRoute
 
@@ -161,7 +162,8 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
         *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                      background=background, ttl_s=config.store.ttl_s).routes(),
+                      background=background, ttl_s=config.store.ttl_s,
+                      router_tools=RouterTools.from_config(config.tools, base_dir)).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *PassthroughAPI(models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),

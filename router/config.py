@@ -156,6 +156,44 @@ class BackgroundConfig(_Section):
     drain_s: float = Field(10.0, ge=0)
 
 
+class McpServerConfig(_Section):
+    # Requests refer to it by label (a request's own server_url must match [tools.mcp] allow).
+    label: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    headers: dict[str, str] = {}
+
+
+class McpConfig(_Section):
+    # URL prefixes or hosts a request's server_url may name; nothing else is ever contacted.
+    allow: list[str] = []
+    servers: list[McpServerConfig] = []
+    timeout_s: float = Field(30.0, gt=0)
+
+
+class WebSearchConfig(_Section):
+    # A SearXNG-style JSON search API: GET {url}?q=...&format=json.
+    url: str = Field(min_length=1)
+    max_results: int = Field(5, ge=1, le=20)
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class CodeInterpreterConfig(_Section):
+    # Scratch folders, one per container id (relative to the config file).
+    root: str = "var/containers"
+    timeout_s: float = Field(10.0, gt=0)
+    memory_mb: int = Field(256, ge=32)
+    cpu_s: int = Field(10, ge=1)
+
+
+class ToolsConfig(_Section):
+    mcp: McpConfig = McpConfig()
+    web_search: WebSearchConfig | None = None  # absent: web_search tools are echoed, not offered
+    code_interpreter: CodeInterpreterConfig | None = None
+    # Model turns one response may take while the router runs tools (protects the pools).
+    max_turns: int = Field(8, ge=1, le=64)
+
+
 class HarmonyConfig(_Section):
     # The folder holding o200k_base.tiktoken (`responses-router harmony-vocab DIR` builds it);
     # empty: $TIKTOKEN_ENCODINGS_BASE. Relative to the config file.
@@ -166,6 +204,7 @@ class Config(_Section):
     server: ServerConfig = ServerConfig()
     harmony: HarmonyConfig = HarmonyConfig()
     background: BackgroundConfig = BackgroundConfig()
+    tools: ToolsConfig = ToolsConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     pools: list[PoolConfig] = Field(min_length=1)

@@ -147,7 +147,8 @@ def build_gpt_oss(out: Path, vocab_dir: Path) -> None:
     vocab_file = vocab_dir / "o200k_base.tiktoken"
     base = sum(1 for _ in open(vocab_file, "rb"))
     specials = [HARMONY_SPECIALS.get(i, f"<|reserved_{i}|>") for i in range(base, OSS_VOCAB)]
-    converted = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN,
+    # transformers 5 names the list extra_special_tokens, 4.x additional_special_tokens.
+    converted = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN, extra_special_tokens=specials,
                                   additional_special_tokens=specials).converted()
     fast = PreTrainedTokenizerFast(tokenizer_object=converted, bos_token="<|startoftext|>", eos_token="<|return|>",
                                    pad_token="<|endoftext|>")

@@ -98,7 +98,7 @@ def test_tool_choice_forms() -> None:
     assert [t.name for t in allowed.offered] == ["b"] and allowed.choice.mode == "required"
     assert build_toolset(tools, {"type": "custom", "name": "c"}).choice.forced == "c"
     for bad, param in [({"type": "function", "name": "zz"}, "tool_choice.name"), ("sometimes", "tool_choice"),
-                       ({"type": "mcp", "server_label": "x"}, "tool_choice.type")]:
+                       ({"type": "mcp", "server_label": "x"}, "tool_choice.server_label")]:
         with pytest.raises(InvalidRequest) as err:
             build_toolset(tools, bad)
         assert err.value.param == param

@@ -15,6 +15,7 @@ from router.api.sse import SSE_HEADERS, sse_body
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.requests import CreateResponse
 from router.state.store import Store
+from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.prepare import prepare
 from router.turns.route import ModelRoute
@@ -24,7 +25,8 @@ class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes, the key check, background runs."""
 
     def __init__(self, *, store: Store, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int,
-                 background: BackgroundRuns, ttl_s: int | None = None) -> None:
+                 background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None) -> None:
+        self.router_tools = router_tools
         self.store = store
         self.models = models
         self.auth = auth
@@ -44,7 +46,7 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response:
         owner = self.auth.owner(request)
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
-        run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s)
+        run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools)
         if req.background:
             queued = await self.background.submit(run)
             if not req.stream:

@@ -41,6 +41,25 @@ class ChatOptions:
 
 # Item types after which a tool call still belongs to the same assistant turn.
 _SAME_TURN = ("message", "function_call", "custom_tool_call", "reasoning")
+# Tools the router ran: in the prompt they are a call and its result, like function calls.
+_ROUTER_CALLS = ("mcp_call", "web_search_call", "code_interpreter_call")
+
+
+def _router_call(item: Item) -> tuple[str, str, str]:
+    """(engine name, arguments JSON, result text) of a router-run call item."""
+    kind = item["type"]
+    if kind == "mcp_call":
+        output = item.get("_output") or item.get("output") or ""
+        if item.get("error") and not output:
+            output = f"error: {orjson.dumps(item['error']).decode()}"
+        return engine_name(f"mcp__{item['server_label']}__{item['name']}", None), item.get("arguments") or "{}", output
+    if kind == "web_search_call":
+        query = (item.get("action") or {}).get("query", "")
+        sources = (item.get("action") or {}).get("sources") or []
+        fallback = "\n".join(s.get("url", "") for s in sources) or "(results not kept)"
+        return "web_search", orjson.dumps({"query": query}).decode(), item.get("_output") or fallback
+    logs = "\n".join(o.get("logs", "") for o in item.get("outputs") or () if o.get("type") == "logs")
+    return "python", orjson.dumps({"code": item.get("code", "")}).decode(), item.get("_output") or logs or "(output not kept)"
 
 
 # -- request --------------------------------------------------------------------------
@@ -83,6 +102,17 @@ def to_messages(items: list[Item], instructions: str | None, options: ChatOption
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             reasoning.extend(p["text"] for p in parts)
+        elif kind in _ROUTER_CALLS:
+            name, arguments, output = _router_call(item)
+            call = {"id": item["id"], "type": "function", "function": {"name": name, "arguments": arguments}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and prev in _SAME_TURN:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({**_assistant(None, reasoning, options), "tool_calls": [call]})
+                reasoning = []
+            out.append({"role": "tool", "tool_call_id": item["id"], "content": output})
+            kind = "tool_output"
         prev = kind
     if not system:
         return out

@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 from router.protocol.errors import InvalidRequest
 
-ToolKind = Literal["function", "custom"]
+ToolKind = Literal["function", "custom", "mcp", "web_search", "code_interpreter"]
+# Kinds the router runs itself between model turns (the others go back to the client).
+ROUTER_KINDS = frozenset({"mcp", "web_search", "code_interpreter"})
+WEB_SEARCH_TYPES = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11"})
 BUILTIN_TYPES = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
     "code_interpreter", "mcp", "image_generation", "computer_use_preview", "computer", "local_shell", "shell",
@@ -33,6 +36,9 @@ class OfferedTool:
     description: str | None
     parameters: dict[str, Any]
     strict: bool
+    server_label: str | None = None  # mcp: the server, and ``name`` is the tool's name there
+    approval: bool = False  # mcp: a call must be approved by the client first
+    config: dict[str, Any] | None = None  # the request's tool object (container, search settings, ...)
 
 
 @dataclass(slots=True)
@@ -46,13 +52,45 @@ class ToolSet:
     offered: list[OfferedTool] = field(default_factory=list)
     choice: ToolChoice = field(default_factory=ToolChoice)
     by_engine_name: dict[str, OfferedTool] = field(default_factory=dict)
+    # mcp tools of the request, by server label; their tools are offered once listed.
+    mcp: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mcp_choice: dict[str, Any] | None = None  # a tool_choice naming an mcp tool, resolved after listing
 
     def lookup(self, engine_name: str) -> OfferedTool | None:
         return self.by_engine_name.get(engine_name)
 
+    def add_mcp(self, label: str, tools: list[dict[str, Any]]) -> None:
+        """Offer a listed MCP server's tools, filtered by the request's ``allowed_tools``."""
+        spec = self.mcp[label]
+        for tool in tools:
+            name = tool.get("name", "")
+            if not _mcp_allowed(spec.get("allowed_tools"), tool):
+                continue
+            offered = OfferedTool(engine_name(f"mcp__{label}__{name}", None), "mcp", name, None, tool.get("description"),
+                                  tool.get("input_schema") or {"type": "object", "properties": {}}, False,
+                                  server_label=label, approval=_needs_approval(spec.get("require_approval"), name),
+                                  config=spec)
+            self.offered.append(offered)
+            self.by_engine_name[offered.engine_name] = offered
+        choice = self.mcp_choice
+        if choice is not None and choice.get("server_label") == label:
+            wanted = [t for t in self.offered if t.server_label == label and (choice.get("name") in (None, t.name))]
+            if wanted:
+                self.choice = ToolChoice(mode="required", forced=wanted[0].engine_name if choice.get("name") else None)
 
-def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]) -> ToolSet:
-    """Validate ``tools`` and ``tool_choice`` together; every refusal names its param."""
+    def relax(self) -> None:
+        """After the first turn of a loop a forced choice becomes auto, so the loop can end."""
+        if self.choice.mode == "required" or self.choice.forced:
+            self.choice = ToolChoice(mode="auto")
+
+
+def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
+                  runnable: frozenset[str] = frozenset()) -> ToolSet:
+    """Validate ``tools`` and ``tool_choice`` together; every refusal names its param.
+
+    ``runnable``: the built-in kinds this router has a backend for (``web_search``,
+    ``code_interpreter``); other built-ins are echoed but not offered.
+    """
     toolset = ToolSet()
     for i, tool in enumerate(tools):
         kind = tool.get("type")
@@ -71,6 +109,23 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
                     _offer(toolset, _custom(inner, ns, inner_where))
                 else:
                     raise InvalidRequest(f"{inner_where}.type must be function or custom", param=f"{inner_where}.type")
+        elif kind in WEB_SEARCH_TYPES and "web_search" in runnable:
+            _offer(toolset, OfferedTool("web_search", "web_search", "web_search", None,
+                                        "Search the web. Returns the top results with their URLs.",
+                                        {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+                                        False, config=tool), alias="browser.search")
+        elif kind == "code_interpreter" and "code_interpreter" in runnable:
+            _offer(toolset, OfferedTool("python", "code_interpreter", "python", None,
+                                        "Run Python code in a sandbox; files persist in the container between calls.",
+                                        {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+                                        False, config=tool))
+        elif kind == "mcp":
+            label = tool.get("server_label")
+            if not isinstance(label, str) or not label:
+                raise InvalidRequest(f"{where}.server_label must be a non-empty string", param=f"{where}.server_label")
+            if label in toolset.mcp:
+                raise InvalidRequest(f"two mcp tools share the server_label {label!r}", param=f"{where}.server_label")
+            toolset.mcp[label] = tool
         elif kind not in BUILTIN_TYPES:
             raise InvalidRequest(f"tool type {kind!r} is not supported", param=f"{where}.type", code="unsupported_tool_type")
     toolset.choice = _choice(tool_choice, toolset)
@@ -99,11 +154,39 @@ def _custom(tool: dict[str, Any], namespace: str | None, where: str) -> OfferedT
     return OfferedTool(engine_name(name, namespace), "custom", name, namespace, tool.get("description"), parameters, True)
 
 
-def _offer(toolset: ToolSet, tool: OfferedTool) -> None:
+def _offer(toolset: ToolSet, tool: OfferedTool, alias: str | None = None) -> None:
     if tool.engine_name in toolset.by_engine_name:
         raise InvalidRequest(f"two tools share the name {tool.engine_name!r}", param="tools")
     toolset.offered.append(tool)
     toolset.by_engine_name[tool.engine_name] = tool
+    if alias is not None:  # harmony models call built-ins by their own names
+        toolset.by_engine_name[alias] = tool
+
+
+def _mcp_allowed(allowed: Any, tool: dict[str, Any]) -> bool:
+    if allowed is None:
+        return True
+    if isinstance(allowed, list):
+        return tool.get("name") in allowed
+    names = allowed.get("tool_names")
+    if names is not None and tool.get("name") not in names:
+        return False
+    if allowed.get("read_only"):
+        return bool((tool.get("annotations") or {}).get("readOnlyHint"))
+    return True
+
+
+def _needs_approval(policy: Any, name: str) -> bool:
+    """OpenAI's rule: approval is required unless the request says never (for all or for this tool)."""
+    if policy is None or policy == "always":
+        return True
+    if policy == "never":
+        return False
+    never = (policy.get("never") or {}).get("tool_names") or []
+    always = (policy.get("always") or {}).get("tool_names")
+    if name in never:
+        return False
+    return always is None or name in always
 
 
 def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
@@ -120,6 +203,16 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
         if not match:
             raise InvalidRequest(f"tool_choice names {kind} tool {name!r}, which is not in tools", param="tool_choice.name")
         return ToolChoice(mode="required", forced=match[0].engine_name)
+    if kind == "mcp":
+        if choice.get("server_label") not in toolset.mcp:
+            raise InvalidRequest("tool_choice names an mcp server that is not in tools", param="tool_choice.server_label")
+        toolset.mcp_choice = choice
+        return ToolChoice(mode="auto")
+    if kind in WEB_SEARCH_TYPES or kind == "code_interpreter":
+        target = "web_search" if kind in WEB_SEARCH_TYPES else "python"
+        if target not in toolset.by_engine_name:
+            raise InvalidRequest(f"tool_choice names {kind}, which is not available here", param="tool_choice.type")
+        return ToolChoice(mode="required", forced=target)
     if kind == "allowed_tools":
         mode = choice.get("mode", "auto")
         if mode not in ("auto", "required"):

@@ -19,7 +19,10 @@ from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, 
 from router.protocol.errors import APIError
 from router.protocol.shapes import usage_object
 from router.protocol.tools import ToolSet
+from router.protocol.ids import new_id
+from router.protocol.tools import ROUTER_KINDS
 from router.turns.items import CallItem, MessageItem, ReasoningItem, copy_item
+from router.turns.tool_items import ApprovalRequestItem, ListToolsItem, RouterCallItem
 
 Event = dict[str, Any]
 
@@ -34,7 +37,9 @@ class Assembler:
         self._summaries = summaries  # reasoning.summary was asked for
         self._seq = 0
         self._open: MessageItem | ReasoningItem | None = None  # the open text-like item
-        self._calls: dict[int, CallItem] = {}  # open tool calls of this turn, by delta index
+        self._calls: dict[int, Any] = {}  # open tool calls of this turn, by delta index
+        self.last_turn_calls: list[Any] = []
+        self._container: str | None = None  # the calls of the last closed turn (client and router ones)
         self._cut = False  # the engine stopped on the token budget
         self._turn_usage: Usage | None = None
         self._usage: list[int] | None = None  # input, output, cached, reasoning: summed over turns
@@ -83,6 +88,7 @@ class Assembler:
         self._close_open(events, status)
         for call in self._calls.values():
             call.close(events, status)
+        self.last_turn_calls = list(self._calls.values())
         self._calls = {}
         u = self._turn_usage
         if u is not None:
@@ -168,9 +174,20 @@ class Assembler:
         if call is None:
             self._close_open(events, "completed")
             tool = self._tools.lookup(delta.name or "")
-            kind = tool.kind if tool else "function"
-            name = tool.name if tool else (delta.name or "")
-            call = CallItem(self, len(self.output), kind, delta.call_id or "", name, tool.namespace if tool else None)
+            index = len(self.output)
+            if tool is not None and tool.kind in ROUTER_KINDS:
+                if tool.kind == "mcp" and tool.approval:
+                    call = ApprovalRequestItem(self, index, tool.name, tool.server_label)
+                else:
+                    container = None
+                    if tool.kind == "code_interpreter":  # one container per response unless the request names one
+                        container = self._container = self._container or _container_id(tool.config)
+                    call = RouterCallItem(self, index, tool.kind, tool.name, tool.server_label, container)
+                call.tool = tool
+            else:
+                kind = tool.kind if tool else "function"
+                name = tool.name if tool else (delta.name or "")
+                call = CallItem(self, index, kind, delta.call_id or "", name, tool.namespace if tool else None)
             self._calls[delta.index] = call
             call.announce(events)
         if delta.arguments:
@@ -180,6 +197,22 @@ class Assembler:
         if self._open is not None:
             self._open.close(events, status)
             self._open = None
+
+    def router_call(self, kind: str, name: str, server_label: str | None, arguments: str) -> tuple[RouterCallItem, list[Event]]:
+        """A router-run call that did not come from the model (an approved MCP call): announced, pending."""
+        events: list[Event] = []
+        item = RouterCallItem(self, len(self.output), kind, name, server_label, None)
+        item.announce(events)
+        item.add(arguments, events)
+        item.close(events, "completed")
+        return item, events
+
+    def list_tools(self, server_label: str) -> tuple[ListToolsItem, list[Event]]:
+        """Announce an MCP server's listing; the runner finishes it once the server answered."""
+        events: list[Event] = []
+        item = ListToolsItem(self, len(self.output), server_label)
+        item.announce(events)
+        return item, events
 
     # -- helpers -----------------------------------------------------------
 
@@ -197,3 +230,13 @@ class Assembler:
         event["sequence_number"] = self._seq
         self._seq += 1
         return event
+
+
+def _container_id(config: dict[str, Any] | None) -> str:
+    """The container a code_interpreter call runs in: the request's id, or a fresh one for "auto"."""
+    container = (config or {}).get("container")
+    if isinstance(container, str) and container not in ("", "auto"):
+        return container
+    if isinstance(container, dict) and isinstance(container.get("id"), str):
+        return container["id"]
+    return new_id("cntr")

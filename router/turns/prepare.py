@@ -13,20 +13,22 @@ from router.protocol.requests import CreateResponse, check_supported
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.state.store import Store
+from router.tools.registry import RouterTools
 from router.turns.history import check_tool_outputs, load_history, resolve_input
+from router.turns.prelude import build_prelude
 from router.turns.route import ModelRoute
 from router.turns.runner import ResponseRun
 
 
 async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelRoute],
-                  ttl_s: int | None) -> ResponseRun:
+                  ttl_s: int | None, router_tools: RouterTools | None = None) -> ResponseRun:
     check_supported(req)
     route = models.get(req.model)
     if route is None:
         raise NotFound(f"The model '{req.model}' does not exist.", param="model", code="model_not_found")
     if req.background and not req.store:
         raise InvalidRequest("background responses must be stored: store cannot be false", param="store")
-    tools = build_toolset(req.tools, req.tool_choice)
+    tools = build_toolset(req.tools, req.tool_choice, router_tools.runnable if router_tools else frozenset())
     conversation_id = _conversation_id(req)
     if conversation_id is not None:
         if req.previous_response_id is not None:
@@ -43,12 +45,14 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
     prompt_items = history + input_items
     check_tool_outputs(prompt_items)
+    prelude = build_prelude(tools, router_tools, history, input_items)
     response = response_object(req, response_id=response_id())
     if conversation_id is not None:
         response["conversation"] = {"id": conversation_id}
     return ResponseRun(
         req=req, owner=owner, route=route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
+        router_tools=router_tools, prelude=prelude,
     )
 
 

@@ -1,10 +1,12 @@
-"""One response: prompt -> worker call -> assembler -> persist -> events.
+"""One response: prompt -> model turns (with router-run tools between them) -> persist -> events.
 
 The worker is chosen and answers with its status BEFORE the client sees a
 byte, so "no worker" and worker errors get a real HTTP status even for
 streams; once streaming, a failure ends the response as ``failed`` (an
-``error`` event, then ``response.failed``). The response is persisted
-before its terminal event leaves, so a client can chain on it at once.
+``error`` event, then ``response.failed``). When a turn ends with calls to
+tools the router runs (MCP, web search, code interpreter), they run
+concurrently and the next turn starts; function calls end the response. The
+response is persisted before its terminal event leaves.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
-from backends.engines import is_context_overflow
-from backends.pools import NoHealthyWorker, Pool, Worker
+from backends.client import SSEStream, WorkerStreamBroken
 from router.dialects.turn import DialectTurn
-from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
+from router.protocol.errors import APIError, UpstreamError
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 from router.state.store import Store, StoredResponse
+from router.tools.registry import RouterTools, gather_outcomes
 from router.turns.assembler import Assembler, Event
+from router.turns.prelude import Prelude
 from router.turns.route import ModelRoute
+from router.turns.tool_items import RouterCallItem
+from router.turns.upstream import Upstream
 
 log = logging.getLogger("router.turns")
 
@@ -46,34 +50,50 @@ class ResponseRun:
     response: dict[str, Any]
     ttl_s: int | None = None  # stored responses expire this long after creation
     conversation_id: str | None = None  # the turn's input and output are appended to it
+    router_tools: RouterTools | None = None
+    prelude: Prelude | None = None  # MCP listings and approved calls, run before the first turn
     # Background responses: the replica running it, and how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
-    _worker: Worker | None = None
+    _tool_calls_run: int = 0
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
+    _upstream: Upstream = field(init=False)
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
         self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries)
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
+        self._upstream = Upstream(self.route.pool, self.req.model, truncate=self.req.truncation == "auto")
 
     @property
-    def pool(self) -> Pool:
-        return self.route.pool
+    def _loops(self) -> bool:
+        """Whether the router may run tools between turns (else one plain worker call does)."""
+        return self.prelude is not None or any(t.kind in ("mcp", "web_search", "code_interpreter") for t in self.tools.offered)
 
     # -- non-streaming -----------------------------------------------------
 
     async def complete(self) -> dict[str, Any]:
         """Run to the end and return the final Response object."""
-        answer = await self._call(lambda url, body: self.pool.client.post_json(url, body), stream=False)
-        asm = self._assembler
+        if self._loops:  # the same machine as a stream, events dropped
+            await self.open_stream()
+            async for _ in self.events():
+                pass
+            error = self.response.get("error")
+            if self.response["status"] == "failed" and error:
+                raise UpstreamError(error["message"], code=error["code"])
+            return self.response
+        try:
+            answer, self.prompt_items = await self._upstream.post(self._turn, self.prompt_items)
+        except APIError as exc:
+            raise await self._failed(exc) from None
         try:
             deltas = self._turn.completion(answer)
         except (ValueError, KeyError, TypeError) as exc:
             raise await self._failed(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
+        asm = self._assembler
         asm.feed(deltas)
         asm.finish(self._unrunnable_call())
         await self._persist()
@@ -82,12 +102,16 @@ class ResponseRun:
     # -- streaming ---------------------------------------------------------
 
     async def open_stream(self) -> None:
-        """Reach a worker and get its 200 before anything is sent to the client."""
-        self._stream = await self._call(lambda url, body: self.pool.client.open_sse(url, body), stream=True, release=False)
+        """Run the prelude and reach a worker; its 200 comes before anything is sent to the client."""
+        if self.prelude is not None:
+            self.prompt_items = await self.prelude.run(self.tools, self.prompt_items)
+        try:
+            self._stream, self.prompt_items = await self._upstream.open(self._turn, self.prompt_items)
+        except APIError as exc:
+            raise await self._failed(exc) from None
 
     async def events(self, *, background: bool = False) -> AsyncIterator[list[Event]]:
         """Batches of events; one batch per upstream read."""
-        assert self._stream is not None, "open_stream() first"
         asm = self._assembler
         try:
             if background:
@@ -96,26 +120,94 @@ class ResponseRun:
                 yield events
             else:
                 yield asm.start()
-            try:
-                decode = self._turn.chunk
-                async for batch in self._stream.batches():
-                    events = asm.feed([d for frame in batch for d in decode(frame)])
-                    if events:
+            if self.prelude is not None:
+                yield self.prelude.emit(asm)
+            reason = None
+            for turn_no in range(self._max_turns):
+                if turn_no:
+                    self._turn = self.route.turn(self.req, self.tools, self.response["id"])
+                    try:
+                        self._stream, self.prompt_items = await self._upstream.open(self._turn, self.prompt_items)
+                    except APIError as exc:
+                        yield await self._fail(exc)
+                        return
+                start = len(asm.output)
+                try:
+                    async for events in self._read_turn():
                         yield events
-                tail = asm.feed(self._turn.end())
-            except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
-                log.warning("pool %s: stream from %s broke: %s", self.pool.name, self._worker_url, exc)
-                error = UpstreamError("the worker's stream broke off before the response was complete", code="upstream_stream_broken")
-                events = asm.fail(error)
-                await self._persist()
-                yield events
-                return
-            events = tail + asm.finish(self._unrunnable_call())
+                except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
+                    log.warning("pool %s: stream from %s broke: %s", self.route.pool.name, self._upstream.worker_url, exc)
+                    yield await self._fail(UpstreamError("the worker's stream broke off before the response was complete",
+                                                         code="upstream_stream_broken"))
+                    return
+                calls = [c for c in asm.last_turn_calls if isinstance(c, RouterCallItem) and c.pending]
+                ends = any(not isinstance(c, RouterCallItem) for c in asm.last_turn_calls)  # client calls, approvals
+                if not calls:
+                    break
+                if self._over_tool_budget(len(calls)):
+                    for call in calls:
+                        call.abandon()
+                    reason = "max_tool_calls"
+                    break
+                yield await self._run_calls(calls, start)
+                if ends:
+                    break
+                self.tools.relax()
+            else:
+                reason = "max_turns"
+            events = asm.finish(reason or self._unrunnable_call())
             await self._persist()
             yield events
         finally:
+            self._close_stream()
+
+    async def _read_turn(self) -> AsyncIterator[list[Event]]:
+        """One model turn's stream -> event batches; closes the turn."""
+        assert self._stream is not None
+        asm, decode = self._assembler, self._turn.chunk
+        async for batch in self._stream.batches():
+            events = asm.feed([d for frame in batch for d in decode(frame)])
+            if events:
+                yield events
+        events = asm.feed(self._turn.end()) + asm.close_turn()
+        self._close_stream()
+        yield events
+
+    async def _run_calls(self, calls: list[RouterCallItem], turn_start: int) -> list[Event]:
+        """Run this turn's router calls; the model's turn and the results join the prompt."""
+        assert self.router_tools is not None
+        servers = self.prelude.servers if self.prelude is not None else {}
+        outcomes = await gather_outcomes(calls, self.router_tools, servers)
+        events: list[Event] = []
+        by_id: dict[str, str] = {}
+        for call, outcome in zip(calls, outcomes):
+            call.finish(events, output=outcome.output, error=outcome.error, outputs=outcome.outputs, sources=outcome.sources)
+            by_id[call.item["id"]] = outcome.prompt_text
+        self._tool_calls_run += len(calls)
+        for item in self._assembler.output[turn_start:]:
+            text = by_id.get(item["id"])
+            self.prompt_items.append({**item, "_output": text} if text is not None else item)
+        return events
+
+    @property
+    def _max_turns(self) -> int:
+        return self.router_tools.max_turns if self.router_tools is not None and self._loops else 1
+
+    def _over_tool_budget(self, more: int) -> bool:
+        cap = self.req.max_tool_calls
+        return cap is not None and self._tool_calls_run + more > cap
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
             self._stream.close()
-            self._release()
+            self._stream = None
+        self._upstream.release()
+
+    async def _fail(self, error: APIError) -> list[Event]:
+        self._close_stream()
+        events = self._assembler.fail(error)
+        await self._persist()
+        return events
 
     # -- background ----------------------------------------------------------
 
@@ -125,98 +217,22 @@ class ResponseRun:
 
     async def cancelled(self) -> list[Event]:
         """Stopped on request: record ``cancelled`` and return the last events."""
-        if self._stream is not None:
-            self._stream.close()  # the worker sees the disconnect and stops generating
-        self._release()
+        self._close_stream()  # the worker sees the disconnect and stops generating
         events = self._assembler.cancel()
         await self._persist()
         return events
 
     async def failed(self, error: APIError) -> list[Event]:
         """Stopped by an error outside the stream (a crash of the task): record ``failed``."""
-        if self._stream is not None:
-            self._stream.close()
-        self._release()
-        events = self._assembler.fail(error)
-        await self._persist()
-        return events
+        return await self._fail(error)
 
     def _unrunnable_call(self) -> str | None:
-        """A call to a built-in tool (harmony's browser.*, python, container.*) that nothing here can run yet."""
+        """A call to a built-in tool (harmony's browser.*, python, container.*) that nothing here can run."""
         for item in self.response["output"]:
             name = item.get("name", "")
             if item["type"] == "function_call" and self.tools.lookup(name) is None and ("." in name or name == "python"):
                 return "tool_not_available"
         return None
-
-    # -- worker calls ------------------------------------------------------
-
-    def _worker_request(self, *, stream: bool) -> dict[str, Any]:
-        return self._turn.request(self.prompt_items, stream=stream)
-
-    async def _call(self, send: Any, *, stream: bool, release: bool = True) -> Any:
-        """Send the turn; with ``truncation: auto``, drop the oldest turns until the prompt fits."""
-        while True:
-            body = self._worker_request(stream=stream)
-            try:
-                return await self._send(send, body, release)
-            except WorkerHTTPError as exc:
-                if self.req.truncation == "auto" and is_context_overflow(exc.status, exc.message) and self._drop_oldest_turn():
-                    log.info("pool %s: prompt too long, dropped the oldest turn", self.pool.name)
-                    continue
-                raise await self._failed(_api_error(exc)) from None
-            except WorkerError as exc:
-                raise await self._failed(_api_error(exc)) from None
-
-    async def _send(self, send: Any, body: dict[str, Any], release: bool) -> Any:
-        """Send to a healthy worker; an unreachable worker is skipped for the next one."""
-        url = self._turn.path
-        tried: list[Worker] = []
-        while True:
-            try:
-                worker = self.pool.pick(exclude=tried)
-            except NoHealthyWorker as exc:
-                error = NoCapacity(f"no worker can serve model '{self.req.model}' now: {exc}", code="no_healthy_worker")
-                raise await self._failed(error) from None
-            tried.append(worker)
-            self._acquire(worker)
-            try:
-                result = await send(worker.url + url, body)
-            except WorkerUnavailable as exc:
-                self.pool.mark_down(worker, str(exc))
-                self._release()
-                continue
-            except BaseException:
-                self._release()
-                raise
-            if release:
-                self._release()
-            return result
-
-    def _drop_oldest_turn(self) -> bool:
-        """Remove the oldest turn (a user message up to the next one) from the prompt; the store keeps it."""
-        items = self.prompt_items
-        users = [i for i, item in enumerate(items) if item["type"] == "message" and item["role"] == "user"]
-        if len(users) < 2:
-            return False
-        cut = users[1]
-        keep_system = [item for item in items[:cut] if item["type"] == "message" and item["role"] in ("system", "developer")]
-        self.prompt_items = keep_system + items[cut:]
-        return True
-
-    def _acquire(self, worker: Worker) -> None:
-        worker.in_flight += 1
-        self._worker = worker
-
-    def _release(self) -> None:
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.in_flight -= 1
-            worker.served += 1
-
-    @property
-    def _worker_url(self) -> str:
-        return self._worker.url if self._worker else "?"
 
     async def _failed(self, error: APIError) -> APIError:
         """Record a response that failed before streaming began; returns the error to raise."""
@@ -252,17 +268,3 @@ class ResponseRun:
     async def persist(self) -> None:
         await self._persist()
 
-
-def _api_error(exc: WorkerError) -> APIError:
-    """How a worker's failure looks to the client."""
-    if isinstance(exc, WorkerHTTPError):
-        if is_context_overflow(exc.status, exc.message):
-            return InvalidRequest(f"The input is too long for the model: {exc.message}", param="input",
-                                  code="context_length_exceeded")
-        if exc.status in (429, 503):
-            return NoCapacity(f"the worker is overloaded: {exc.message}", code="worker_overloaded")
-        if 400 <= exc.status < 500:
-            # The request itself is at fault (e.g. longer than the model's context).
-            return InvalidRequest(exc.message, code="upstream_rejected")
-        return UpstreamError(f"the worker failed with status {exc.status}: {exc.message}", code="upstream_error")
-    return UpstreamError(f"the worker failed: {exc}", code="upstream_error")

@@ -1,0 +1,1 @@
+"""Router-executed tools: MCP, web search, code interpreter."""

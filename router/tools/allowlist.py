@@ -1,0 +1,253 @@
+"""Which URLs router-side tools may reach: an allowlist of URL prefixes and hosts.
+
+An entry is either a URL prefix (``https://mcp.example.com/mcp/``: same scheme,
+host and port, and a path under the prefix on a segment boundary) or a bare host
+(``mcp.example.com``: http or https on the default port; ``127.0.0.1:8931``:
+that port, either scheme). Every URL is normalized before it is compared, and
+anything ambiguous (userinfo, backslashes, control characters, encoded slashes,
+percent-encoded or otherwise odd hosts, unknown schemes) is refused outright, so
+the comparison is on what a server would actually see.
+
+``AllowlistTransport`` re-checks every request an httpx2 client sends (the MCP
+SDK's client type), so a redirect to an address that is not allowed is refused
+before it is fetched; ``mcp_http_client_factory`` builds such clients for the
+SDK's ``httpx_client_factory`` / ``http_client`` parameters.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+try:  # the MCP SDK's HTTP client; only the httpx2 helpers below need it
+    import httpx2
+
+    _TransportBase: Any = httpx2.AsyncBaseTransport
+except ImportError:  # pragma: no cover
+    httpx2 = None
+    _TransportBase = object
+
+__all__ = ["UrlNotAllowed", "UrlAllowlist", "AllowlistTransport", "mcp_http_client_factory", "normalize_url"]
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+_HOST_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+_BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
+_BAD_ESCAPES = re.compile(r"%(?:2f|5c|25|00)", re.IGNORECASE)
+
+
+class UrlNotAllowed(Exception):
+    """A URL that the allowlist refuses (or that cannot be judged safely)."""
+
+    def __init__(self, url: str, reason: str = "not in the allowlist") -> None:
+        super().__init__(f"URL not allowed ({reason}): {url}")
+        self.url = url
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NormalizedUrl:
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+
+def _normalize_host(raw: str, url: str) -> str:
+    if not raw or "%" in raw:
+        raise UrlNotAllowed(url, "bad host")
+    if raw.startswith("["):
+        if not raw.endswith("]"):
+            raise UrlNotAllowed(url, "bad host")
+        try:
+            return "[" + ipaddress.IPv6Address(raw[1:-1]).compressed + "]"
+        except ValueError:
+            raise UrlNotAllowed(url, "bad host") from None
+    host = raw.lower().rstrip(".")
+    if not host.isascii():
+        try:
+            import idna
+
+            host = idna.encode(host, uts46=True).decode("ascii")
+        except Exception:
+            raise UrlNotAllowed(url, "bad host") from None
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if not all(_HOST_LABEL.match(label) for label in labels):
+        raise UrlNotAllowed(url, "bad host")
+    if labels[-1].isdigit() or re.fullmatch(r"0x[0-9a-f]*", labels[-1]):
+        # "127.1", "0x7f.1", "2130706433": numeric spellings of an address resolvers accept.
+        raise UrlNotAllowed(url, "non-canonical IP address")
+    return host
+
+
+def _normalize_path(raw: str, url: str) -> str:
+    if _BAD_ESCAPES.search(raw):
+        raise UrlNotAllowed(url, "encoded slash or percent in path")
+    path = unquote(raw)
+    if _BAD_CHARS.search(path):
+        raise UrlNotAllowed(url, "bad path")
+    segments = path.lstrip("/").split("/")
+    out: list[str] = []
+    for segment in segments:
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    trailing = "/" if segments[-1] in (".", "..") and out else ""
+    return "/" + "/".join(out) + trailing
+
+
+def normalize_url(url: Any) -> NormalizedUrl:
+    """Scheme, host, port and path of an absolute http(s) URL as a server sees them; raises UrlNotAllowed."""
+    text = str(url)
+    if _BAD_CHARS.search(text):
+        raise UrlNotAllowed(text, "bad characters")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise UrlNotAllowed(text, "unparseable") from None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise UrlNotAllowed(text, "scheme must be http or https")
+    netloc = parts.netloc
+    if "@" in netloc:
+        raise UrlNotAllowed(text, "userinfo in URL")
+    hostport = netloc
+    if hostport.startswith("["):
+        raw_host = hostport[: hostport.find("]") + 1]
+    else:
+        raw_host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
+    host = _normalize_host(raw_host, text)
+    return NormalizedUrl(scheme, host, port if port is not None else DEFAULT_PORTS[scheme], _normalize_path(parts.path or "/", text))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    schemes: tuple[str, ...]
+    host: str
+    ports: tuple[int, ...]
+    path: str
+
+    def matches(self, u: NormalizedUrl) -> bool:
+        if u.scheme not in self.schemes or u.host != self.host or u.port not in self.ports:
+            return False
+        prefix = self.path
+        if prefix == "/" or u.path == prefix:
+            return True
+        return u.path.startswith(prefix if prefix.endswith("/") else prefix + "/")
+
+
+@dataclass(frozen=True)
+class _BareHost(_Entry):
+    """A host without a port: http on 80 or https on 443."""
+
+    def matches(self, u: NormalizedUrl) -> bool:
+        return u.host == self.host and u.port == DEFAULT_PORTS[u.scheme]
+
+
+def _parse_entry(entry: str) -> _Entry:
+    entry = entry.strip()
+    if "://" in entry:
+        u = normalize_url(entry)
+        return _Entry((u.scheme,), u.host, (u.port,), u.path)
+    u = normalize_url("http://" + entry)
+    if u.path != "/":
+        raise ValueError(f"allowlist entry {entry!r}: a bare host takes no path (write a URL prefix instead)")
+    port = urlsplit("http://" + entry).port
+    if port is None:
+        return _BareHost(("http", "https"), u.host, (80, 443), "/")
+    return _Entry(("http", "https"), u.host, (port,), "/")
+
+
+class UrlAllowlist:
+    """URL prefixes and bare hosts a router-side tool may reach; empty allows nothing."""
+
+    def __init__(self, entries: list[str]) -> None:
+        try:
+            self._entries = [_parse_entry(e) for e in entries if e.strip()]
+        except UrlNotAllowed as exc:
+            raise ValueError(f"bad allowlist entry: {exc.url} ({exc.reason})") from None
+        self.entries = list(entries)
+
+    def allows(self, url: Any) -> bool:
+        try:
+            self.check(url)
+        except UrlNotAllowed:
+            return False
+        return True
+
+    def check(self, url: Any) -> None:
+        u = normalize_url(url)
+        if not any(e.matches(u) for e in self._entries):
+            raise UrlNotAllowed(str(url))
+
+    def __repr__(self) -> str:
+        return f"UrlAllowlist({self.entries!r})"
+
+
+class AllowlistTransport(_TransportBase):
+    """An httpx2 transport that checks every request URL (redirect hops included) before sending it.
+
+    It also notes what a caller needs to tell an HTTP failure from a protocol one
+    after the MCP SDK has wrapped it: the URL it refused, the status of the last
+    redirect, and the statuses >= 300 that POSTs got.
+    """
+
+    def __init__(self, allowlist: UrlAllowlist, inner: Any = None) -> None:
+        self.allowlist = allowlist
+        self.inner = inner if inner is not None else httpx2.AsyncHTTPTransport(trust_env=False)
+        self.refused: UrlNotAllowed | None = None
+        self.redirect_status: int | None = None
+        self.statuses: list[int] = []
+
+    def permits(self, request: Any) -> None:
+        """Raise UrlNotAllowed unless this request may be sent."""
+        self.allowlist.check(str(request.url))
+
+    async def handle_async_request(self, request: Any) -> Any:
+        try:
+            self.permits(request)
+        except UrlNotAllowed as exc:
+            self.refused = exc
+            raise
+        response = await self.inner.handle_async_request(request)
+        status = response.status_code
+        if 300 <= status < 400:
+            self.redirect_status = status
+        if status >= 300 and request.method == "POST":
+            self.statuses.append(status)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> AllowlistTransport:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.inner.__aexit__(*exc)
+
+
+def mcp_http_client_factory(allowlist: UrlAllowlist, transport: AllowlistTransport | None = None) -> Any:
+    """An ``httpx_client_factory`` for the MCP SDK whose clients go through an AllowlistTransport."""
+
+    def factory(headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None) -> Any:
+        return httpx2.AsyncClient(
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx2.Timeout(30.0),
+            auth=auth,
+            transport=transport if transport is not None else AllowlistTransport(allowlist),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    return factory

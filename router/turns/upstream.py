@@ -1,0 +1,117 @@
+"""One model turn's worker call: pick a worker, send, and map its failures.
+
+An unreachable worker is skipped for the next one before anything reaches
+the client. With ``truncation: auto`` a prompt the worker says is too long
+loses its oldest turn and is sent again. Failures come out as APIError.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerUnavailable
+from backends.engines import is_context_overflow
+from backends.pools import NoHealthyWorker, Pool, Worker
+from router.dialects.turn import DialectTurn
+from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
+from router.protocol.items import Item
+
+log = logging.getLogger("router.turns")
+
+
+class Upstream:
+    """Per-request: the worker in use, and the prompt as truncation left it."""
+
+    def __init__(self, pool: Pool, model: str, *, truncate: bool) -> None:
+        self.pool = pool
+        self.model = model  # the public name, for messages
+        self.truncate = truncate
+        self.worker: Worker | None = None
+
+    async def post(self, turn: DialectTurn, items: list[Item]) -> tuple[Any, list[Item]]:
+        """A non-streamed answer; returns it with the prompt items actually sent."""
+        return await self._call(turn, items, stream=False)
+
+    async def open(self, turn: DialectTurn, items: list[Item]) -> tuple[SSEStream, list[Item]]:
+        """An open stream that answered 200; the worker stays counted until ``release``."""
+        return await self._call(turn, items, stream=True)
+
+    async def _call(self, turn: DialectTurn, items: list[Item], *, stream: bool) -> tuple[Any, list[Item]]:
+        client = self.pool.client
+        while True:
+            body = turn.request(items, stream=stream)
+            try:
+                if stream:
+                    return await self._send(lambda url: client.open_sse(url, body), turn.path, release=False), items
+                return await self._send(lambda url: client.post_json(url, body), turn.path, release=True), items
+            except WorkerHTTPError as exc:
+                if self.truncate and is_context_overflow(exc.status, exc.message):
+                    shorter = drop_oldest_turn(items)
+                    if shorter is not None:
+                        log.info("pool %s: prompt too long, dropped the oldest turn", self.pool.name)
+                        items = shorter
+                        continue
+                raise api_error(exc) from None
+            except WorkerError as exc:
+                raise api_error(exc) from None
+
+    async def _send(self, send: Any, path: str, *, release: bool) -> Any:
+        tried: list[Worker] = []
+        while True:
+            try:
+                worker = self.pool.pick(exclude=tried)
+            except NoHealthyWorker as exc:
+                raise NoCapacity(f"no worker can serve model '{self.model}' now: {exc}", code="no_healthy_worker") from None
+            tried.append(worker)
+            self._acquire(worker)
+            try:
+                result = await send(worker.url + path)
+            except WorkerUnavailable as exc:
+                self.pool.mark_down(worker, str(exc))
+                self.release()
+                continue
+            except BaseException:
+                self.release()
+                raise
+            if release:
+                self.release()
+            return result
+
+    def _acquire(self, worker: Worker) -> None:
+        worker.in_flight += 1
+        self.worker = worker
+
+    def release(self) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.in_flight -= 1
+            worker.served += 1
+
+    @property
+    def worker_url(self) -> str:
+        return self.worker.url if self.worker else "?"
+
+
+def drop_oldest_turn(items: list[Item]) -> list[Item] | None:
+    """The prompt without its oldest turn (a user message up to the next one); None when one turn is left."""
+    users = [i for i, item in enumerate(items) if item["type"] == "message" and item["role"] == "user"]
+    if len(users) < 2:
+        return None
+    cut = users[1]
+    keep_system = [item for item in items[:cut] if item["type"] == "message" and item["role"] in ("system", "developer")]
+    return keep_system + items[cut:]
+
+
+def api_error(exc: WorkerError) -> APIError:
+    """How a worker's failure looks to the client."""
+    if isinstance(exc, WorkerHTTPError):
+        if is_context_overflow(exc.status, exc.message):
+            return InvalidRequest(f"The input is too long for the model: {exc.message}", param="input",
+                                  code="context_length_exceeded")
+        if exc.status in (429, 503):
+            return NoCapacity(f"the worker is overloaded: {exc.message}", code="worker_overloaded")
+        if 400 <= exc.status < 500:
+            return InvalidRequest(exc.message, code="upstream_rejected")
+        return UpstreamError(f"the worker failed with status {exc.status}: {exc.message}", code="upstream_error")
+    return UpstreamError(f"the worker failed: {exc}", code="upstream_error")

@@ -1,0 +1,216 @@
+"""The code interpreter's sandbox: results, persistence, images, and every limit enforced."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from router.tools import code_interpreter as ci_mod
+from router.tools.code_interpreter import CodeInterpreter, CodeResult, SandboxLimits
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    # Not tmp_path: /tmp/pytest-of-root is 0700, and the sandbox uid must pass through.
+    path = Path(tempfile.mkdtemp(prefix="ci-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run(root: Path, code: str, container: str = "c1", **limits: float) -> CodeResult:
+    return asyncio.run(CodeInterpreter(root, SandboxLimits(**limits)).run(code, container))  # type: ignore[arg-type]
+
+
+def logs(result: CodeResult) -> str:
+    return "".join(o["logs"] for o in result.outputs if o["type"] == "logs")
+
+
+def sandbox_pids(container: str) -> list[int]:
+    """Live processes of the container's uid: after a run there must be none."""
+    uid = ci_mod._sandbox_uid(container)
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("Uid:") and int(line.split()[1]) == uid and "State:\tZ" not in status:
+                pids.append(int(entry))
+    return pids
+
+
+def tiny_png() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b"")
+
+
+def test_print(root: Path) -> None:
+    result = run(root, "print('hello', 6 * 7)")
+    assert result == CodeResult([{"type": "logs", "logs": "hello 42\n"}], 0, False, None)
+
+
+def test_traceback_and_exit_code(root: Path) -> None:
+    result = run(root, "def f():\n    raise KeyError('boom')\nf()")
+    assert result.exit_code == 1 and not result.timed_out
+    assert "Traceback (most recent call last)" in logs(result) and "KeyError: 'boom'" in logs(result)
+
+
+def test_isolation(root: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "print(sorted(os.environ), sys.flags.isolated, sys.flags.no_site, os.getuid() != 0, os.getcwd())\n"
+        "try:\n    input()\nexcept EOFError:\n    print('stdin at EOF')\n"
+    )
+    out = logs(run(root, code))
+    assert out == f"['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR'] 1 1 True {root / 'c1'}\nstdin at EOF\n"
+
+
+def test_state_persists_per_container(root: Path) -> None:
+    async def go() -> list[CodeResult]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        write = await ci.run("open('note.txt', 'w').write('kept')", "a")
+        read_same = await ci.run("print(open('note.txt').read())", "a")
+        read_other = await ci.run("import os; print(os.path.exists('note.txt'))", "b")
+        peek = await ci.run(f"print(open({str(root / 'a' / 'note.txt')!r}).read())", "b")
+        await ci.close_container("a")
+        return [write, read_same, read_other, peek]
+
+    write, read_same, read_other, peek = asyncio.run(go())
+    assert write.exit_code == 0
+    assert logs(read_same) == "kept\n"
+    assert logs(read_other) == "False\n"
+    assert "PermissionError" in logs(peek)  # another container's uid cannot read it either
+    assert not (root / "a").exists() and (root / "b").exists()
+
+
+def test_png_comes_back_as_image(root: Path) -> None:
+    png = tiny_png()
+
+    async def go() -> tuple[CodeResult, CodeResult]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        first = await ci.run(f"open('plot.png', 'wb').write({png!r})\nprint('saved')", "c1")
+        again = await ci.run("print('nothing new')", "c1")
+        return first, again
+
+    first, again = asyncio.run(go())
+    images = [o for o in first.outputs if o["type"] == "image"]
+    assert images == [{"type": "image", "url": "data:image/png;base64," + base64.b64encode(png).decode()}]
+    assert logs(first) == "saved\n"
+    assert [o["type"] for o in again.outputs] == ["logs"]  # only files written during the run
+
+
+def test_png_symlink_is_not_followed(root: Path) -> None:
+    result = run(root, "import os; os.symlink('/etc/passwd', 'leak.png')")
+    assert result.exit_code == 0 and all(o["type"] != "image" for o in result.outputs)
+
+
+def test_timeout_kills_everything(root: Path) -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\n"  # a child fleeing the process group
+        "print('started', flush=True)\nos.setsid()\nwhile True:\n    pass\n"  # and PID 1 itself
+    )
+    result = run(root, code, timeout_s=2.0)
+    assert result.timed_out and result.exit_code is not None and result.exit_code < 0
+    assert "timed out" in (result.error or "") and "started" in logs(result)
+    assert sandbox_pids("c1") == []
+
+
+def test_no_network(root: Path) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from the host
+        code = (
+            "import ctypes, socket\n"
+            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n"
+            "    try:\n        socket.create_connection(addr, timeout=2)\n        print('CONNECTED', addr)\n"
+            "    except OSError as e:\n        print('blocked', addr, e)\n"
+            "try:\n    fd = open('/proc/1/ns/net')\nexcept OSError as e:\n    print('no setns:', e)\n"
+            "else:\n    print('setns', ctypes.CDLL(None).setns(fd.fileno(), 0))\n"
+        )
+        out = logs(run(root, code))
+    assert "CONNECTED" not in out and out.count("blocked") == 2, out
+    assert "no setns" in out or "setns -1" in out, out
+
+
+def test_refuses_without_network_namespace(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoUnshare:
+        def unshare(self, flags: int) -> int:
+            return -1
+
+    monkeypatch.setattr(ci_mod, "_libc", NoUnshare())
+    result = run(root, "open('ran', 'w').close()")
+    assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
+    assert not (root / "c1" / "ran").exists()
+
+
+def test_memory_hog(root: Path) -> None:
+    result = run(root, "b = bytearray(2 * 1024**3)\nprint('allocated')")
+    assert result.exit_code != 0 and "MemoryError" in logs(result) and "allocated" not in logs(result)
+    assert run(root, "print('fine')").exit_code == 0
+
+
+def test_cpu_limit(root: Path) -> None:
+    result = run(root, "while True:\n    pass", cpu_s=1, timeout_s=30.0)
+    assert not result.timed_out and result.exit_code == -9 and "CPU" in (result.error or "")
+
+
+def test_process_limit(root: Path) -> None:
+    code = (
+        "import os, time\nn = 0\n"
+        "try:\n    for _ in range(200):\n"
+        "        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n        n += 1\n"
+        "except OSError as e:\n    print('stopped at', n, e.errno)\n"
+    )
+    out = logs(run(root, code, max_procs=10))
+    assert out.startswith("stopped at") and int(out.split()[2]) < 10, out
+    assert sandbox_pids("c1") == []  # the sleepers died with PID 1
+
+
+def test_fork_bomb(root: Path) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = run(root, bomb, timeout_s=3.0)
+    assert result.timed_out
+    assert sandbox_pids("c1") == []
+    assert run(root, "print('alive')").exit_code == 0
+
+
+def test_output_flood_is_truncated(root: Path) -> None:
+    result = run(root, "import sys\nfor _ in range(100):\n    print('x' * 1_000_000)\nprint('done', file=sys.stderr)")
+    out = logs(result)
+    assert result.exit_code == 0 and not result.timed_out
+    assert len(out) < 64_000 + 200 and out.startswith("x" * 1000)
+    assert "[output truncated: " in out and str(100 * 1_000_001 + 5 - 64_000) in out
+
+
+def test_file_limits(root: Path) -> None:
+    big = run(root, "open('big', 'wb').write(b'x' * (2 << 20))", max_files_mb=1)
+    assert big.exit_code == 1 and "File too large" in logs(big)
+    many = run(root, "for i in range(3):\n    open(f'f{i}', 'wb').write(b'x' * 400_000)", max_files_mb=1)
+    assert "over 1 MB" in (many.error or "")
+    assert sorted(os.listdir(root / "c1")) == ["big"]  # this run's files were removed
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a b", "a\n", "x" * 65, ".", "é"])
+def test_bad_container_id(root: Path, bad: str) -> None:
+    ci = CodeInterpreter(root, SandboxLimits())
+    with pytest.raises(ValueError):
+        asyncio.run(ci.run("print(1)", bad))
+    with pytest.raises(ValueError):
+        asyncio.run(ci.close_container(bad))
