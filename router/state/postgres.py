@@ -102,6 +102,13 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX items_by_id ON items (item_id)",
         "CREATE INDEX conversation_items_by_id ON conversation_items (item_id)",
     ],
+    [
+        # Which pool, arm and worker served a response: continuations stick to them.
+        """CREATE TABLE response_routing (
+            response_id TEXT PRIMARY KEY REFERENCES responses (id) ON DELETE CASCADE,
+            body BYTEA NOT NULL
+        )""",
+    ],
 ]
 
 _MIGRATIONS_TABLE = """CREATE TABLE schema_migrations (
@@ -348,3 +355,15 @@ class PostgresStore(PostgresConversations, PostgresBackground):
             raise KeyError(after)
         page = row["page"]
         return ItemPage(data=[orjson.loads(body) for body in page[:limit]], has_more=len(page) > limit)
+
+    async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
+        """Record where a stored response was served (ignored when the response is not stored)."""
+        await self._pool.execute(
+            "INSERT INTO response_routing (response_id, body) SELECT id, $1 FROM responses WHERE id = $2 "
+            "ON CONFLICT (response_id) DO UPDATE SET body = excluded.body", orjson.dumps(routing), response_id)
+
+    async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        body = await self._pool.fetchval(
+            "SELECT g.body FROM response_routing g JOIN responses r ON r.id = g.response_id "
+            "WHERE g.response_id = $1 AND r.owner = $2", response_id, owner)
+        return None if body is None else orjson.loads(body)

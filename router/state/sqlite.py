@@ -96,6 +96,13 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX items_by_id ON items(item_id)",
         "CREATE INDEX conversation_items_by_id ON conversation_items(item_id)",
     ],
+    [
+        # Which pool, arm and worker served a response: continuations stick to them.
+        """CREATE TABLE response_routing (
+            response_id TEXT PRIMARY KEY REFERENCES responses (id) ON DELETE CASCADE,
+            body BLOB NOT NULL
+        )""",
+    ],
 ]
 
 # How many expired responses one purge transaction deletes: the write lock is
@@ -380,3 +387,23 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         finally:
             conn.execute("COMMIT")
         return ItemPage(data=[orjson.loads(body) for (body,) in rows[:limit]], has_more=len(rows) > limit)
+
+    async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
+        """Record where a stored response was served (ignored when the response is not stored)."""
+        body = orjson.dumps(routing)
+
+        def write(conn: sqlite3.Connection) -> None:
+            SQLiteStore._write(conn, lambda: conn.execute(
+                "INSERT INTO response_routing (response_id, body) SELECT id, ? FROM responses WHERE id = ? "
+                "ON CONFLICT (response_id) DO UPDATE SET body = excluded.body", (body, response_id)))
+
+        await self._run(write)
+
+    async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        def read(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            row = conn.execute(
+                "SELECT g.body FROM response_routing g JOIN responses r ON r.id = g.response_id "
+                "WHERE g.response_id = ? AND r.owner = ?", (response_id, owner)).fetchone()
+            return None if row is None else orjson.loads(row[0])
+
+        return await self._run(read)

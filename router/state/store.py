@@ -128,6 +128,12 @@ class Store(Protocol):
     async def purge_expired(self, now: int) -> int:
         """Delete every response with ``expires_at <= now`` (any owner); returns how many."""
 
+    async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
+        """Record where a stored response was served (pool, arm, worker); deleted with it."""
+
+    async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        """What ``set_routing`` recorded, or None."""
+
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """Stored items by id, for ``item_reference`` input: any input or output item of this
         owner's (unexpired) responses, or of this owner's conversations. Unknown ids are absent.

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SandboxLimits", "CodeResult", "CodeInterpreter"]
+__all__ = ["CodeInterpreter", "CodeResult", "SandboxLimits"]
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWPID = 0x20000000
@@ -56,7 +56,7 @@ pid = os.fork()
 if pid == 0:
     try:
         import ctypes
-        pass  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG
         os.execv(sys.executable, [sys.executable, "-I", "-S", "-u", "-"])
     finally:
         os._exit(127)
@@ -270,7 +270,7 @@ class CodeInterpreter:
         timed_out = False
         try:
             await asyncio.wait_for(pump(), self.limits.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
         finally:  # also on cancellation: nothing may outlive the run
             if proc.returncode is None:
