@@ -57,6 +57,8 @@ class Pool:
     health_interval_s: float = 2.0
     workers: list[Worker] = field(default_factory=list)
     max_model_len: int | None = None  # from config, else from the workers' /v1/models
+    affinity: Any = None  # a policies.affinity.Affinity, for pools whose policy is affinity
+    affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -99,12 +101,21 @@ class Pool:
                     return model["max_model_len"]
         return None
 
-    def pick(self, exclude: Sequence[Worker] = ()) -> Worker:
-        """A healthy worker chosen by the policy; NoHealthyWorker when there is none."""
+    def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None, prefix_key: str | None = None) -> Worker:
+        """A healthy worker chosen by the policy; NoHealthyWorker when there is none.
+
+        ``preferred`` (the worker that served the previous turn) and ``prefix_key``
+        matter only to an affinity pool.
+        """
         candidates = [w for w in self.workers if w.healthy and w not in exclude]
         if not candidates:
             raise NoHealthyWorker(f"pool {self.name!r} has no healthy worker")
-        return self.balancer.choose(candidates)
+        if self.affinity is None:
+            return self.balancer.choose(candidates)
+        choice = self.affinity.choose(candidates, preferred=preferred, prefix_key=prefix_key)
+        if choice.why is not None:
+            self.affinity_moves[choice.why] = self.affinity_moves.get(choice.why, 0) + 1
+        return choice.candidate
 
     def mark_down(self, worker: Worker, reason: str) -> None:
         """A passive signal: a call could not reach the worker. The health loop brings it back."""
@@ -146,5 +157,6 @@ class Pool:
             "model": self.model,
             "status": "ok" if healthy == len(self.workers) and healthy else ("degraded" if healthy else "down"),
             "healthy_workers": healthy,
+            "affinity_moves": dict(self.affinity_moves),
             "workers": [w.describe() for w in self.workers],
         }

@@ -17,7 +17,9 @@ from starlette.applications import Starlette
 
 from backends.launcher import ManagedWorker, WorkerSpec, free_ports, start_workers
 from backends.pools import Pool, Worker
+from policies.affinity import Affinity
 from policies.balance import make_balancer
+from router.api.admin import AdminAPI
 from router.api.auth import Authenticator
 from router.api.conversations import ConversationsAPI
 from router.api.errors import HANDLERS
@@ -26,11 +28,13 @@ from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
 from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
+from router.metrics import RouterMetrics
 from router.state import make_store
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.route import ModelRoute
+from router.turns.routing import ModelTarget
 
 log = logging.getLogger("router")
 
@@ -112,6 +116,18 @@ class RouterApp:
         return workers
 
 
+def _pool(cfg: PoolConfig) -> Pool:
+    affinity = cfg.policy == "affinity"
+    pool = Pool.create(
+        name=cfg.name, engine=cfg.engine, model=cfg.model,
+        balancer=make_balancer("least_load" if affinity else cfg.policy), urls=cfg.urls,
+        connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, health_interval_s=cfg.health_interval_s,
+    )
+    if affinity:
+        pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)
+    return pool
+
+
 def _harmony_encoding(config: Config, base_dir: Path):  # type: ignore[no-untyped-def]
     """Load the harmony encoding at start-up, so a missing vocabulary fails now, not at the first request."""
     import os
@@ -140,33 +156,31 @@ def _worker_for(pool: Pool, url: str) -> Worker:
 
 def build(config: Config, base_dir: Path) -> RouterApp:
     store = make_store(config.store, base_dir)
-    pools = {
-        cfg.name: Pool.create(
-            name=cfg.name, engine=cfg.engine, model=cfg.model, balancer=make_balancer(cfg.policy), urls=cfg.urls,
-            connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s,
-            health_interval_s=cfg.health_interval_s,
-        )
-        for cfg in config.pools
-    }
+    pools = {cfg.name: _pool(cfg) for cfg in config.pools}
     for cfg in config.pools:
         pools[cfg.name].max_model_len = cfg.context_length
     encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
-    routes_by_model = {}
-    for m in config.models:
-        cfg = config.pool(m.pool)
-        routes_by_model[m.name] = ModelRoute(
-            m.name, pools[m.pool], cfg.dialect, ChatOptions(**cfg.chat.model_dump()), encoding if cfg.dialect == "harmony" else None
-        )
+    routes = {
+        cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect, ChatOptions(**cfg.chat.model_dump()),
+                             encoding if cfg.dialect == "harmony" else None)
+        for cfg in config.pools
+    }
+    targets = {m.name: ModelTarget.from_config(m, routes, affinity={c.name for c in config.pools if c.policy == "affinity"})
+               for m in config.models}
+    metrics = RouterMetrics()
+    metrics.watch_pools(lambda: pools.values())
     background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
                                 sweep_all_at_start=config.store.kind == "sqlite")
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
     routes = [
-        *ResponsesAPI(store=store, models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes,
+        *ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                       background=background, ttl_s=config.store.ttl_s,
-                      router_tools=RouterTools.from_config(config.tools, base_dir)).routes(),
+                      router_tools=RouterTools.from_config(config.tools, base_dir), metrics=metrics).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
-        *PassthroughAPI(models=routes_by_model, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
-        *MetaAPI(models=list(routes_by_model), pools=list(pools.values()), auth=auth).routes(),
+        *PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,
+                 admin_key=config.auth.admin_key).routes(),
+        *AdminAPI(pools=pools, models=targets, admin_key=config.auth.admin_key).routes(),
     ]
     app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)

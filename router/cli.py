@@ -16,6 +16,11 @@ from router.config import ConfigError, load_config
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        from router.report import main as report_main
+
+        report_main(argv[1:])
+        return
     if argv[:1] == ["sim"]:
         from backends.sim import main as sim_main
 

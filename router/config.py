@@ -69,6 +69,8 @@ class ApiKey(_Section):
 class AuthConfig(_Section):
     # No keys: the router is open (fine on loopback, not elsewhere).
     keys: list[ApiKey] = []
+    # Guards /admin (adding and removing workers); empty: /admin is closed.
+    admin_key: str = ""
 
     @model_validator(mode="after")
     def _unique(self) -> AuthConfig:
@@ -124,7 +126,11 @@ class PoolConfig(_Section):
     chat: ChatConfig = ChatConfig()
     # The model's context window; empty: read from the workers' /v1/models (max_model_len).
     context_length: int | None = Field(None, gt=0)
-    policy: Literal["round_robin", "least_in_flight"] = "least_in_flight"
+    # affinity: a continuation goes back to the worker that served its previous turn (its KV prefix),
+    # a new conversation to a worker chosen by a hash of its prefix, unless that worker is down or
+    # loaded above overload_factor x the pool's mean; then least load.
+    policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity"] = "least_in_flight"
+    overload_factor: float = Field(1.5, ge=1)
     health_interval_s: float = Field(2.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
     # Longest silence allowed between two reads of a worker's answer.
@@ -140,10 +146,39 @@ class PoolConfig(_Section):
         return self
 
 
+class ArmConfig(_Section):
+    pool: str = Field(min_length=1)
+    weight: float = Field(1.0, gt=0)
+    name: str = ""  # empty: the pool's name
+
+
+class ShadowConfig(_Section):
+    # Mirror this fraction of requests to a candidate pool; its answers are discarded.
+    pool: str = Field(min_length=1)
+    rate: float = Field(gt=0, le=1)
+    max_concurrency: int = Field(4, ge=1)
+
+
 class ModelConfig(_Section):
     # The public name clients send as "model".
     name: str = Field(min_length=1)
-    pool: str = Field(min_length=1)
+    # One pool, or weighted arms (an A/B experiment, sticky per conversation).
+    pool: str = ""
+    arms: list[ArmConfig] = []
+    shadow: ShadowConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ModelConfig:
+        if bool(self.pool) == bool(self.arms):
+            raise ValueError("give exactly one of pool or arms")
+        names = [a.name or a.pool for a in self.arms]
+        if len(names) != len(set(names)):
+            raise ValueError("two arms share a name")
+        return self
+
+    @property
+    def arm_list(self) -> list[ArmConfig]:
+        return self.arms or [ArmConfig(pool=self.pool)]
 
 
 class BackgroundConfig(_Section):
@@ -219,8 +254,13 @@ class Config(_Section):
         if len(model_names) != len(set(model_names)):
             raise ValueError("two models share a name")
         for i, model in enumerate(self.models):
-            if model.pool not in pool_names:
-                raise _Reference(f"models[{i}].pool", f"no pool named {model.pool!r} (pools: {', '.join(pool_names)})")
+            targets = [(f"models[{i}].pool", model.pool)] if model.pool else [
+                (f"models[{i}].arms[{j}].pool", arm.pool) for j, arm in enumerate(model.arms)]
+            if model.shadow is not None:
+                targets.append((f"models[{i}].shadow.pool", model.shadow.pool))
+            for key, pool in targets:
+                if pool not in pool_names:
+                    raise _Reference(key, f"no pool named {pool!r} (pools: {', '.join(pool_names)})")
         return self
 
     def pool(self, name: str) -> PoolConfig:

@@ -21,10 +21,15 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 __all__ = [
     "CONTENT_TYPE",
+    "DURATION_BUCKETS",
+    "ITL_BUCKETS",
+    "STATUSES",
+    "TTFT_BUCKETS",
     "Counter",
     "Gauge",
     "GaugeFunc",
@@ -32,10 +37,6 @@ __all__ = [
     "Registry",
     "RequestTimer",
     "RouterMetrics",
-    "STATUSES",
-    "DURATION_BUCKETS",
-    "ITL_BUCKETS",
-    "TTFT_BUCKETS",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,7 +49,7 @@ Labels = tuple[str, ...]
 
 def format_value(value: float) -> str:
     """A sample value or ``le`` bound: integers without a fraction, ``+Inf``/``-Inf``/``NaN`` spelled out."""
-    if value != value:
+    if math.isnan(value):
         return "NaN"
     if value == math.inf:
         return "+Inf"
@@ -85,7 +86,7 @@ def _check_name(name: str) -> None:
 
 class _Metric:
     type = "untyped"
-    __slots__ = ("name", "help", "labelnames")
+    __slots__ = ("help", "labelnames", "name")
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
         _check_name(name)
@@ -126,8 +127,6 @@ class Counter(_Metric):
         old = values.get(labels)
         if old is None:
             self._new_series(labels)
-            if value < 0:
-                raise ValueError(f"{self.name}: counters only go up")
             old = 0.0
         values[labels] = old + value
 
@@ -199,7 +198,7 @@ class GaugeFunc(_Metric):
         names = self.labelnames
         try:
             rows = list(self.fn())
-        except Exception:  # a broken callback must not take the whole scrape down
+        except Exception:  # noqa: BLE001 - a broken callback must not take the whole scrape down
             return
         for labels, value in rows:
             if len(labels) != len(names):
@@ -210,18 +209,18 @@ class GaugeFunc(_Metric):
 class Histogram(_Metric):
     """Cumulative-bucket histogram. ``buckets`` are the finite upper bounds (``le``), ascending; ``+Inf`` is implied.
 
-    Per series the state is one list: a count per bucket (not cumulative; the
+    Per series the state is one list of floats: a count per bucket (not cumulative; the
     last slot is the ``+Inf`` overflow), then the sum. ``observe`` is a bisect
     and two adds; the counts are accumulated at render time.
     """
 
     type = "histogram"
-    __slots__ = ("buckets", "_series")
+    __slots__ = ("_series", "buckets")
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         super().__init__(name, help, labelnames)
         bounds = [float(b) for b in buckets if b != math.inf]
-        if not bounds or any(not a < b for a, b in zip(bounds, bounds[1:])) or any(b != b for b in bounds):
+        if not bounds or any(not a < b for a, b in pairwise(bounds)) or any(math.isnan(b) for b in bounds):
             raise ValueError(f"{name}: buckets must be non-empty and strictly increasing")
         self.buckets: tuple[float, ...] = tuple(bounds)
         self._series: dict[Labels, list[float]] = {}
@@ -230,7 +229,7 @@ class Histogram(_Metric):
         state = self._series.get(labels)
         if state is None:
             self._new_series(labels)
-            state = self._series[labels] = [0] * (len(self.buckets) + 1) + [0.0]  # type: ignore[list-item]
+            state = self._series[labels] = [0.0] * (len(self.buckets) + 2)
         state[bisect_left(self.buckets, value)] += 1  # first bound >= value: le is inclusive
         state[-1] += value
 
@@ -245,18 +244,14 @@ class Histogram(_Metric):
     def samples(self) -> Iterable[tuple[str, str, float]]:
         names = self.labelnames
         bounds = [*(format_value(b) for b in self.buckets), "+Inf"]
-        bucket, total = self.name + "_bucket", 0.0
+        bucket = self.name + "_bucket"
         for labels, state in list(self._series.items()):
-            cumulative = 0
+            cumulative = 0.0
             for bound, n in zip(bounds, state):
                 cumulative += n
                 yield bucket, _label_text(names, labels, f'le="{bound}"'), cumulative
             yield self.name + "_sum", _label_text(names, labels), state[-1]
             yield self.name + "_count", _label_text(names, labels), cumulative
-            total += cumulative
-
-
-Metric = Counter | Gauge | GaugeFunc | Histogram
 
 
 class Registry:
@@ -428,7 +423,7 @@ class RequestTimer:
     response; the duration histogram still shows them.
     """
 
-    __slots__ = ("metrics", "labels", "clock", "start", "first", "last", "tokens", "done")
+    __slots__ = ("clock", "done", "first", "labels", "last", "metrics", "start", "tokens")
 
     def __init__(self, metrics: RouterMetrics, model: str, arm: str, pool: str, *,
                  clock: Callable[[], float] = time.perf_counter, start: float | None = None) -> None:

@@ -1,13 +1,13 @@
 """A tiny SearXNG-style search server for tests, run in a background thread on 127.0.0.1.
 
-    GET /search?q=...&format=json   canned results pointing at this server's pages
-        q=http500 -> 500, q=notjson -> an HTML page
-    GET /page/1, /page/2            HTML pages (scripts, styles, entities)
-    GET /page/big                   a page larger than a small cap
-    GET /page/image                 a PNG
-    GET /page/away                  302 to `redirect_to` (another origin)
-    GET /page/hop                   302 to /page/1 (same origin)
-    GET /secret                     what must never be fetched; counted in `hits`
+GET /search?q=...&format=json   canned results pointing at this server's pages
+    q=http500 -> 500, q=notjson -> an HTML page
+GET /page/1, /page/2            HTML pages (scripts, styles, entities)
+GET /page/big                   a page larger than a small cap
+GET /page/image                 a PNG
+GET /page/away                  302 to `redirect_to` (another origin)
+GET /page/hop                   302 to /page/1 (same origin)
+GET /secret                     what must never be fetched; counted in `hits`
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import socket
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -86,7 +86,7 @@ class FakeSearch:
             return web.Response(text="internal secret")
         return web.Response(status=404, text="not found")
 
-    def start(self) -> FakeSearch:
+    def start(self) -> Self:
         ready = threading.Event()
 
         def run() -> None:
@@ -113,8 +113,8 @@ class FakeSearch:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-    def __enter__(self) -> FakeSearch:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -133,6 +133,19 @@ class ServerProcess:
         with urllib.request.urlopen(self.base + "/_stats", timeout=5) as resp:
             return int(json.loads(resp.read())["requests"])
 
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"MCP test server exited with {self.proc.returncode}")
+            try:
+                self.requests_seen()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("MCP test server did not start")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -143,24 +156,19 @@ class ServerProcess:
                 self.proc.wait()
 
 
-def start(transport: str, *, redirect_to: str | None = None, timeout_s: float = 30.0) -> ServerProcess:
+def spawn(transport: str, *, redirect_to: str | None = None) -> ServerProcess:
+    """Start one server without waiting for it; see ServerProcess.wait_ready."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--transport", transport, "--port", str(port)]
     if redirect_to:
         cmd += ["--redirect-to", redirect_to]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    server = ServerProcess(proc, port, transport)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"MCP test server exited with {proc.returncode}")
-        try:
-            server.requests_seen()
-            return server
-        except OSError:
-            time.sleep(0.1)
-    server.stop()
-    raise RuntimeError("MCP test server did not start")
+    return ServerProcess(subprocess.Popen(cmd, cwd=ROOT), port, transport)
+
+
+def start(transport: str, *, redirect_to: str | None = None, timeout_s: float = 30.0) -> ServerProcess:
+    server = spawn(transport, redirect_to=redirect_to)
+    server.wait_ready(timeout_s)
+    return server
 
 
 if __name__ == "__main__":

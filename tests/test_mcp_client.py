@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import mcp_types as types
@@ -20,19 +20,29 @@ TRANSPORTS = {"streamable_http": "streamable-http", "sse": "sse"}
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[ServerProcess]:
-    """Where the redirecting servers point: it must never see a request."""
-    server = mcp_servers.start("streamable-http")
-    yield server
-    server.stop()
+def cluster() -> Iterator[tuple[ServerProcess, dict[str, ServerProcess]]]:
+    """One server per transport, and a target their /redirect-away/ points at; started in parallel."""
+    target = mcp_servers.spawn("streamable-http")
+    servers = {name: mcp_servers.spawn(flag, redirect_to=target.url) for name, flag in TRANSPORTS.items()}
+    everyone = [target, *servers.values()]
+    try:
+        for server in everyone:
+            server.wait_ready()
+        yield target, servers
+    finally:
+        for server in everyone:
+            server.stop()
 
 
 @pytest.fixture(scope="module")
-def servers(target: ServerProcess) -> Iterator[dict[str, ServerProcess]]:
-    started = {name: mcp_servers.start(flag, redirect_to=target.url) for name, flag in TRANSPORTS.items()}
-    yield started
-    for server in started.values():
-        server.stop()
+def target(cluster: tuple[ServerProcess, dict[str, ServerProcess]]) -> ServerProcess:
+    """Where the redirecting servers point: it must never see a request."""
+    return cluster[0]
+
+
+@pytest.fixture(scope="module")
+def servers(cluster: tuple[ServerProcess, dict[str, ServerProcess]]) -> dict[str, ServerProcess]:
+    return cluster[1]
 
 
 def allow(*servers: ServerProcess) -> UrlAllowlist:
@@ -40,7 +50,7 @@ def allow(*servers: ServerProcess) -> UrlAllowlist:
 
 
 def mcp(server: ServerProcess, path: str | None = None) -> MCPServer:
-    transport = "sse" if server.transport == "sse" else "streamable_http"
+    transport: Literal["streamable_http", "sse"] = "sse" if server.transport == "sse" else "streamable_http"
     return MCPServer(label="test", url=server.base + path if path else server.url, transport=transport)
 
 
@@ -99,7 +109,13 @@ def test_timeout(server: ServerProcess) -> None:
     assert result.error is not None and result.error["type"] == "http_error"
     assert "timed out" in result.error["message"] and result.error["code"] == 504
     with pytest.raises(MCPClientError) as info:
-        asyncio.run(list_tools(MCPServer("x", server.url, "sse" if server.transport == "sse" else "streamable_http"), allow(server), timeout_s=0.0001))
+        asyncio.run(
+            list_tools(
+                MCPServer("x", server.url, "sse" if server.transport == "sse" else "streamable_http"),
+                allow(server),
+                timeout_s=0.0001,
+            )
+        )
     assert info.value.error["type"] == "http_error" and "timed out" in info.value.error["message"]
 
 

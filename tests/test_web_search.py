@@ -87,7 +87,12 @@ def test_open_page_refuses_random_url(fake: FakeSearch, secret: FakeSearch) -> N
         asyncio.run(b.open_page(secret.base + "/secret"))
     # Not even a result of a search done before, nor a result URL with a path trick.
     asyncio.run(b.search("fish", max_results=10))
-    for url in (secret.base + "/secret", fake.base + "/page/1/../../secret", "file:///etc/passwd", "http://169.254.169.254/"):
+    for url in (
+        secret.base + "/secret",
+        fake.base + "/page/1/../../secret",
+        "file:///etc/passwd",
+        "http://169.254.169.254/",
+    ):
         with pytest.raises(UrlNotAllowed):
             asyncio.run(b.open_page(url))
     assert secret.hits["/secret"] == before

@@ -14,8 +14,8 @@ from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge
 M = TypeVar("M", bound=BaseModel)
 
 
-def json_response(content: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code=status, media_type="application/json")
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
 
 
 def error_response(error: APIError) -> Response:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -9,16 +12,30 @@ from starlette.routing import Route
 from backends.pools import Pool
 from router.api.auth import Authenticator
 from router.api.http import json_response
+from router.metrics import CONTENT_TYPE
+from router.protocol.errors import Unauthorized
 
 
 class MetaAPI:
-    def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator) -> None:
+    def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator, metrics: Any = None,
+                 admin_key: str = "") -> None:
+        self.metrics = metrics
+        self.admin_key = admin_key
         self.models = models
         self.pools = pools
         self.auth = auth
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/models", self.list_models, methods=["GET"]), Route("/health", self.health, methods=["GET"])]
+        return [Route("/v1/models", self.list_models, methods=["GET"]), Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"])]
+
+    async def prometheus(self, request: Request) -> Response:
+        """Prometheus text; guarded by the admin key when one is configured."""
+        if self.admin_key:
+            token = request.headers.get("authorization", "").partition(" ")[2].strip()
+            if not hmac.compare_digest(token.encode(), self.admin_key.encode()):
+                raise Unauthorized("Incorrect admin key.", code="invalid_admin_key")
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def list_models(self, request: Request) -> Response:
         self.auth.owner(request)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -18,11 +20,11 @@ from backends.pools import NoHealthyWorker, Worker
 from router.api.auth import Authenticator
 from router.api.http import read_body
 from router.protocol.errors import InvalidRequest, NoCapacity, NotFound, UpstreamError
-from router.turns.route import ModelRoute
+from router.turns.routing import ModelTarget
 
 
 class PassthroughAPI:
-    def __init__(self, *, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int) -> None:
+    def __init__(self, *, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int) -> None:
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
@@ -42,10 +44,11 @@ class PassthroughAPI:
     async def _relay(self, request: Request, path_attr: str) -> Response:
         self.auth.owner(request)
         body = _json_object(await read_body(request, self.max_body_bytes))
-        route = self.models.get(body.get("model"))  # type: ignore[arg-type]
-        if route is None:
+        target = self.models.get(body.get("model"))  # type: ignore[arg-type]
+        if target is None:
             raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
-        pool = route.pool
+        key = str(body.get("user") or body.get("safety_identifier") or os.urandom(8).hex())
+        pool = target.route(key, None, prefix_key=None).route.pool
         body["model"] = pool.model
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
@@ -54,7 +57,7 @@ class PassthroughAPI:
             try:
                 worker = pool.pick(exclude=tried)
             except NoHealthyWorker as exc:
-                raise NoCapacity(f"no worker can serve model '{route.model}' now: {exc}", code="no_healthy_worker") from None
+                raise NoCapacity(f"no worker can serve model '{target.name}' now: {exc}", code="no_healthy_worker") from None
             tried.append(worker)
             worker.in_flight += 1
             try:

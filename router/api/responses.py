@@ -18,14 +18,17 @@ from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.prepare import prepare
-from router.turns.route import ModelRoute
+from router.turns.routing import ModelTarget
+from router.turns.shadow import maybe_mirror
 
 
 class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes, the key check, background runs."""
 
-    def __init__(self, *, store: Store, models: dict[str, ModelRoute], auth: Authenticator, max_body_bytes: int,
-                 background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None) -> None:
+    def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
+                 background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None,
+                 metrics: Any = None) -> None:
+        self.metrics = metrics
         self.router_tools = router_tools
         self.store = store
         self.models = models
@@ -46,16 +49,19 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response:
         owner = self.auth.owner(request)
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
-        run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools)
+        run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools,
+                            metrics=self.metrics)
+        maybe_mirror(self.models[req.model], run)
         if req.background:
             queued = await self.background.submit(run)
             if not req.stream:
                 return json_response(queued)
             return _sse(self.background.replay(queued["id"], owner, -1))
         if not req.stream:
-            return json_response(await run.complete())
+            body = await run.complete()
+            return json_response(body, headers=run.served_by)
         await run.open_stream()
-        return _sse(run.events())
+        return _sse(run.events(), run.served_by)
 
     async def retrieve(self, request: Request) -> Response:
         owner = self.auth.owner(request)
@@ -105,8 +111,8 @@ class ResponsesAPI:
         return body
 
 
-def _sse(batches: Any) -> StreamingResponse:
-    return StreamingResponse(sse_body(batches), media_type="text/event-stream", headers=SSE_HEADERS)
+def _sse(batches: Any, headers: dict[str, str] | None = None) -> StreamingResponse:
+    return StreamingResponse(sse_body(batches), media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})})
 
 
 def _not_found(rid: str) -> NotFound:

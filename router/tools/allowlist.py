@@ -19,7 +19,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 from urllib.parse import unquote, urlsplit
 
 try:  # the MCP SDK's HTTP client; only the httpx2 helpers below need it
@@ -27,10 +28,10 @@ try:  # the MCP SDK's HTTP client; only the httpx2 helpers below need it
 
     _TransportBase: Any = httpx2.AsyncBaseTransport
 except ImportError:  # pragma: no cover
-    httpx2 = None
+    httpx2 = None  # type: ignore[assignment]
     _TransportBase = object
 
-__all__ = ["UrlNotAllowed", "UrlAllowlist", "AllowlistTransport", "mcp_http_client_factory", "normalize_url"]
+__all__ = ["AllowlistTransport", "UrlAllowlist", "UrlNotAllowed", "mcp_http_client_factory", "normalize_url"]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _HOST_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
@@ -71,7 +72,7 @@ def _normalize_host(raw: str, url: str) -> str:
             import idna
 
             host = idna.encode(host, uts46=True).decode("ascii")
-        except Exception:
+        except (idna.IDNAError, UnicodeError, ValueError):
             raise UrlNotAllowed(url, "bad host") from None
     try:
         return str(ipaddress.IPv4Address(host))
@@ -126,7 +127,9 @@ def normalize_url(url: Any) -> NormalizedUrl:
     else:
         raw_host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
     host = _normalize_host(raw_host, text)
-    return NormalizedUrl(scheme, host, port if port is not None else DEFAULT_PORTS[scheme], _normalize_path(parts.path or "/", text))
+    return NormalizedUrl(
+        scheme, host, port if port is not None else DEFAULT_PORTS[scheme], _normalize_path(parts.path or "/", text)
+    )
 
 
 @dataclass(frozen=True)
@@ -229,12 +232,17 @@ class AllowlistTransport(_TransportBase):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def __aenter__(self) -> AllowlistTransport:
+    async def __aenter__(self) -> Self:
         await self.inner.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.inner.__aexit__(*exc)
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        await self.inner.__aexit__(exc_type, exc, tb)
 
 
 def mcp_http_client_factory(allowlist: UrlAllowlist, transport: AllowlistTransport | None = None) -> Any:

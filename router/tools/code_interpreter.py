@@ -1,27 +1,26 @@
 """Backend of the ``code_interpreter`` tool: model-written Python in a sandboxed subprocess.
 
-Model code is hostile input, so every run goes through the same layers, set up in
-the forked child before exec (``_sandbox_preexec``) and refusing to run if any fails:
+Model code is hostile, so every run is set up in the forked child before exec
+(``_sandbox_preexec``), and any failure there means the code does not run:
 
-- a new network namespace: only a downed loopback exists, so no socket reaches the
-  host's loopback or the internet. No namespace, no run; never a fallback.
-- a new PID namespace whose PID 1 is the user's program: when it exits or is killed,
-  the kernel kills everything it left behind, even processes that ``setsid()`` away
-  from our process group; it cannot see or signal any process of the router.
-- an unprivileged uid per container (the router runs as root): it drops every
-  capability (so no ``setns`` back into the host network, no writing root's files,
-  no reading other containers' folders) and makes RLIMIT_NPROC count, which root
-  ignores.
-- rlimits: AS (memory), CPU, FSIZE (one file), NPROC, NOFILE, CORE=0.
-- ``python -I -S -u``, a minimal env, cwd = the container folder, the code fed on
-  stdin which then stays at EOF, stdout+stderr read into a bounded buffer while the
-  rest is drained and dropped, and a wall-clock timeout that SIGKILLs the group.
+- new network namespace: only a downed loopback, so neither the host's loopback nor
+  the internet is reachable. No namespace, no run; never a fallback.
+- new PID namespace whose PID 1 is the program (it dies with the launcher through
+  PDEATHSIG): when it ends, the kernel kills all it left, even ``setsid()`` escapees,
+  and nothing in it can see or signal the router.
+- an unprivileged uid per container (the router runs as root): no capabilities (no
+  ``setns`` back to the host network, no writing root's files, no reading other
+  containers' folders), and RLIMIT_NPROC counts, which it never does for root.
+- rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0; ``python -I -S -u``; a minimal env;
+  cwd = the container folder; code on stdin, which then stays at EOF; bounded output;
+  a wall-clock timeout that SIGKILLs the process group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -32,6 +31,7 @@ import signal
 import stat
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +47,10 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGES, MAX_IMAGE_BYTES, MAX_SCAN_ENTRIES = 8, 4 << 20, 20_000
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child must not import or load
 
-# Runs as the exec'd child, outside the new PID namespace (which only its children
-# enter): it forks PID 1 = the user's program, which dies with it (PDEATHSIG), and
-# mirrors its exit status, signal deaths included.
+# The exec'd child is outside the new PID namespace (only its children enter it): it
+# forks PID 1, the program, and mirrors its exit status, signal deaths included. On
+# SIGTERM it kills PID 1 and waits, which returns only once the kernel has reaped
+# every process of the namespace: a run ends with nothing of it left.
 _LAUNCHER = """
 import os, signal, sys
 pid = os.fork()
@@ -60,12 +61,11 @@ if pid == 0:
         os.execv(sys.executable, [sys.executable, "-I", "-S", "-u", "-"])
     finally:
         os._exit(127)
+signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if code < 0:
-    try:
+    if -code != signal.SIGKILL:
         signal.signal(-code, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass
     os.kill(os.getpid(), -code)
 os._exit(code if code >= 0 else 128 - code)
 """
@@ -103,7 +103,7 @@ def _world_usable(path: Path, need: int = stat.S_IXOTH) -> bool:
     """Whether any uid may reach ``path``: every directory on the way (links too) searchable."""
     for p in (path.absolute(), path.resolve()):
         try:
-            if any(not os.stat(d).st_mode & stat.S_IXOTH for d in p.parents) or not os.stat(p).st_mode & need:
+            if any(not os.stat(d).st_mode & stat.S_IXOTH for d in p.parents) or os.stat(p).st_mode & need != need:
                 return False
         except OSError:
             return False
@@ -112,29 +112,26 @@ def _world_usable(path: Path, need: int = stat.S_IXOTH) -> bool:
 
 def _sandbox_python() -> str | None:
     """An interpreter the sandbox uid can run: ours, unless it sits under a 0700 home (pyenv)."""
-    cands = (sys.executable, getattr(sys, "_base_executable", ""), "/usr/local/bin/python3", "/usr/bin/python3")
-    return next((c for c in cands if c and _world_usable(Path(c), stat.S_IXOTH | stat.S_IROTH)), None)
+    found = (sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3", path="/usr/local/bin:/usr/bin"))
+    return next((c for c in found if c and _world_usable(Path(c), stat.S_IXOTH | stat.S_IROTH)), None)
 
 
 def _sandbox_preexec(limits: SandboxLimits, uid: int | None) -> Callable[[], None]:
     """What the child does between fork and exec. Raising here means the code never runs."""
-    mb = 1 << 20
     rlimits = [
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_NOFILE, 256),
-        (resource.RLIMIT_NPROC, limits.max_procs),
-        (resource.RLIMIT_FSIZE, limits.max_files_mb * mb),
+        (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_NPROC, limits.max_procs),
+        (resource.RLIMIT_FSIZE, limits.max_files_mb << 20),
         (resource.RLIMIT_CPU, limits.cpu_s),  # soft == hard: SIGKILL, which even a PID 1 gets
-        (resource.RLIMIT_AS, limits.memory_mb * mb),  # last: this forked router copy is bigger
+        (resource.RLIMIT_AS, limits.memory_mb << 20),  # last: this forked router copy is bigger
     ]
 
     def enter() -> None:
         if _libc.unshare(_CLONE_NEWNET | _CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET | CLONE_NEWPID) failed")
-        if uid is not None:
+        if uid is not None:  # from root to non-root: every capability goes
             os.setgroups([])
             os.setgid(uid)
-            os.setuid(uid)  # from root to non-root: every capability goes
+            os.setuid(uid)
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
 
@@ -147,12 +144,11 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     seen = 0
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in filenames:
-            seen += 1
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
             if stat.S_ISREG(st.st_mode):
                 files[os.path.relpath(path, folder)] = (st.st_mtime_ns, st.st_size)
-        seen += len(dirnames)
+        seen += len(dirnames) + len(filenames)
         if seen > MAX_SCAN_ENTRIES:  # a folder of a million files must not stall the tool
             break
     return files
@@ -161,14 +157,12 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def _read_png(path: Path) -> bytes | None:
     """A PNG's bytes, refusing links (a link to a root-only file must not come back as an image)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            ok = stat.S_ISREG(st.st_mode) and st.st_size <= MAX_IMAGE_BYTES and st.st_nlink == 1
+            data = f.read(MAX_IMAGE_BYTES + 1) if ok else b""
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES or st.st_nlink != 1:
-            return None
-        data = f.read(MAX_IMAGE_BYTES + 1)
     return data if data.startswith(_PNG_MAGIC) and len(data) <= MAX_IMAGE_BYTES else None
 
 
@@ -185,7 +179,7 @@ class CodeInterpreter:
         self.root = Path(root).absolute()
         self.limits = limits
         self.root.mkdir(parents=True, exist_ok=True)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # As root every run gets its own uid, which must reach its folder and an interpreter.
         self._drop = os.geteuid() == 0
         self.python = _sandbox_python() if self._drop else sys.executable
@@ -200,6 +194,13 @@ class CodeInterpreter:
             raise ValueError(f"invalid container id {container_id!r}: want [A-Za-z0-9_-]{{1,64}}")
         return self.root / container_id
 
+    def _lock(self, container_id: str) -> asyncio.Lock:
+        """One run per container at a time, so a run's file snapshot is its own; gone when unused."""
+        lock = self._locks.get(container_id)
+        if lock is None:
+            lock = self._locks[container_id] = asyncio.Lock()
+        return lock
+
     def _prepare(self, folder: Path, uid: int | None) -> dict[str, tuple[int, int]]:
         folder.mkdir(mode=0o700, exist_ok=True)
         if uid is not None:
@@ -211,10 +212,10 @@ class CodeInterpreter:
         """Run ``code``; files the program leaves in its folder persist for later runs."""
         folder = self._folder(container_id)
         uid = _sandbox_uid(container_id) if self._drop else None
-        async with self._locks.setdefault(container_id, asyncio.Lock()):
+        if self.python is None:
+            return CodeResult([], None, False, "sandbox refused: no Python the sandbox uid can execute")
+        async with self._lock(container_id):
             before = await asyncio.to_thread(self._prepare, folder, uid)
-            if self.python is None:
-                return CodeResult([], None, False, "sandbox refused: no Python the sandbox uid can execute")
             logs, exit_code, timed_out, error = await self._execute(code, folder, uid)
             if error is not None:
                 return CodeResult([], None, False, error)
@@ -227,8 +228,8 @@ class CodeInterpreter:
                 error = f"killed: CPU time limit ({self.limits.cpu_s}s) reached, or out of memory"
             if sum(size for _, size in after.values()) > self.limits.max_files_mb << 20:
                 await asyncio.to_thread(_unlink_all, folder, changed)
-                return CodeResult(outputs, exit_code, timed_out, f"folder over {self.limits.max_files_mb} MB: "
-                                  "the files this run wrote were deleted")
+                error = f"folder over {self.limits.max_files_mb} MB: the files this run wrote were deleted"
+                return CodeResult(outputs, exit_code, timed_out, error)
             for rel in [p for p in changed if p.lower().endswith(".png")][:MAX_IMAGES]:
                 data = await asyncio.to_thread(_read_png, folder / rel)
                 if data is not None:
@@ -238,8 +239,8 @@ class CodeInterpreter:
 
     async def _execute(self, code: str, folder: Path, uid: int | None) -> tuple[str, int | None, bool, str | None]:
         """Spawn, feed, read bounded output, enforce the wall clock: (logs, exit code, timed out, refusal)."""
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(folder), "TMPDIR": str(folder),
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        home = str(folder)
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.python or sys.executable, "-I", "-S", "-c", _LAUNCHER,
@@ -258,10 +259,9 @@ class CodeInterpreter:
             try:
                 proc.stdin.write(code.encode("utf-8", "replace"))
                 await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
+            except ConnectionError:  # it died before reading all of it
                 pass
-            finally:
-                proc.stdin.close()
+            proc.stdin.close()
             while chunk := await proc.stdout.read(1 << 16):
                 total += len(chunk)
                 kept.extend(chunk[: max(0, self.limits.max_output_bytes - len(kept))])
@@ -274,10 +274,13 @@ class CodeInterpreter:
             timed_out = True
         finally:  # also on cancellation: nothing may outlive the run
             if proc.returncode is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the group: launcher + PID 1 (+ its PDEATHSIG)
-                except ProcessLookupError:
-                    pass
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()  # the launcher kills PID 1 and waits for the namespace to empty
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
+            if proc.returncode is None:  # launcher not up yet: the group, PDEATHSIG for a setsid() PID 1
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 await asyncio.wait_for(proc.wait(), 10)
         logs = kept.decode("utf-8", "replace")
         if total > len(kept):
@@ -287,6 +290,5 @@ class CodeInterpreter:
     async def close_container(self, container_id: str) -> None:
         """Delete the container's folder (after any run in it ends); rmtree never follows links."""
         folder = self._folder(container_id)
-        async with self._locks.setdefault(container_id, asyncio.Lock()):
+        async with self._lock(container_id):
             await asyncio.to_thread(shutil.rmtree, folder, True)
-        self._locks.pop(container_id, None)

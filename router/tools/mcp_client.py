@@ -22,9 +22,15 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from router.tools.allowlist import AllowlistTransport, UrlAllowlist, UrlNotAllowed, mcp_http_client_factory, normalize_url
+from router.tools.allowlist import (
+    AllowlistTransport,
+    UrlAllowlist,
+    UrlNotAllowed,
+    mcp_http_client_factory,
+    normalize_url,
+)
 
-__all__ = ["MCPServer", "ToolCallResult", "MCPClientError", "UrlNotAllowed", "list_tools", "call_tool"]
+__all__ = ["MCPClientError", "MCPServer", "ToolCallResult", "UrlNotAllowed", "call_tool", "list_tools"]
 
 MAX_LIST_PAGES = 100
 
@@ -85,10 +91,13 @@ async def _session(server: MCPServer, transport: AllowlistTransport, timeout_s: 
             yield session
     else:
         client = factory(headers=server.headers, timeout=httpx2.Timeout(read_s))
-        async with client, streamable_http_client(server.url, http_client=client) as (read, write):
-            async with ClientSession(read, write, read_timeout_seconds=read_s) as session:
-                await session.initialize()
-                yield session
+        async with (
+            client,
+            streamable_http_client(server.url, http_client=client) as (read, write),
+            ClientSession(read, write, read_timeout_seconds=read_s) as session,
+        ):
+            await session.initialize()
+            yield session
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -123,7 +132,9 @@ def _classify(exc: BaseException, transport: AllowlistTransport, timeout_s: floa
                 return _http(504, f"MCP server timed out (no answer within {timeout_s:g}s)")
             if transport.statuses:
                 # The SDK turns an HTTP failure of a POST into a JSON-RPC error; report the HTTP status.
-                return _http(transport.statuses[-1], f"MCP server answered HTTP {transport.statuses[-1]}: {leaf.message}")
+                return _http(
+                    transport.statuses[-1], f"MCP server answered HTTP {transport.statuses[-1]}: {leaf.message}"
+                )
             return {"type": "mcp_protocol_error", "code": leaf.code, "message": leaf.message}
     leaf = leaves[0]
     return {"type": "mcp_protocol_error", "code": types.INTERNAL_ERROR, "message": f"{type(leaf).__name__}: {leaf}"}
@@ -158,8 +169,15 @@ def result_output(result: types.CallToolResult) -> str:
 
 
 def _tool_dict(tool: types.Tool) -> dict[str, Any]:
-    annotations = tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True) if tool.annotations else None
-    return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema, "annotations": annotations}
+    annotations = (
+        tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True) if tool.annotations else None
+    )
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.input_schema,
+        "annotations": annotations,
+    }
 
 
 def _transport_for(server: MCPServer, allowlist: UrlAllowlist) -> AllowlistTransport:
@@ -200,7 +218,7 @@ async def call_tool(
         with anyio.fail_after(timeout_s):
             async with _session(server, transport, timeout_s) as session:
                 result = await session.call_tool(name, arguments)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the call becomes its error object
         return ToolCallResult(output=None, error=_classify(exc, transport, timeout_s))
     if result.is_error:
         content = [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]

@@ -25,12 +25,12 @@ import aiohttp
 from router.tools.allowlist import DEFAULT_PORTS, UrlAllowlist, UrlNotAllowed, normalize_url
 
 __all__ = [
-    "SearchResult",
-    "SearchBackend",
     "HttpJsonSearch",
-    "SearchError",
-    "SearchBackendUnavailable",
     "PageFetchError",
+    "SearchBackend",
+    "SearchBackendUnavailable",
+    "SearchError",
+    "SearchResult",
     "UrlNotAllowed",
     "html_to_text",
 ]
@@ -67,7 +67,9 @@ class PageFetchError(SearchError):
 
 _DROP_BLOCKS = re.compile(r"<(script|style|noscript|template|svg|head)\b[^>]*>.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
 _COMMENTS = re.compile(r"<!--.*?-->", re.DOTALL)
-_BREAKS = re.compile(r"<\s*(?:br|/?p|/?div|/?li|/?tr|/?h[1-6]|/?section|/?article|/?ul|/?ol|/?table|/?pre)\b[^>]*>", re.IGNORECASE)
+_BREAKS = re.compile(
+    r"<\s*(?:br|/?p|/?div|/?li|/?tr|/?h[1-6]|/?section|/?article|/?ul|/?ol|/?table|/?pre)\b[^>]*>", re.IGNORECASE
+)
 _TAGS = re.compile(r"<[^>]*>")
 
 
@@ -149,7 +151,7 @@ class HttpJsonSearch:
 
         try:
             async with asyncio.timeout(self.timeout_s), self._session() as session:
-                status, content_type, body, _ = await self._fetch(
+                status, _content_type, body, _ = await self._fetch(
                     session, self.base_url, permit, params={"q": query, "format": "json"}, limit=self.max_page_bytes
                 )
             if status != 200:

@@ -6,9 +6,11 @@ or anything is stored.
 
 from __future__ import annotations
 
+from typing import Any
+
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import response_id
-from router.protocol.items import Item, normalize_input
+from router.protocol.items import Item, message_text, normalize_input
 from router.protocol.requests import CreateResponse, check_supported
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
@@ -16,15 +18,15 @@ from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.history import check_tool_outputs, load_history, resolve_input
 from router.turns.prelude import build_prelude
-from router.turns.route import ModelRoute
+from router.turns.routing import ModelTarget, Routing, prefix_hash
 from router.turns.runner import ResponseRun
 
 
-async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelRoute],
-                  ttl_s: int | None, router_tools: RouterTools | None = None) -> ResponseRun:
+async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelTarget],
+                  ttl_s: int | None, router_tools: RouterTools | None = None, metrics: Any = None) -> ResponseRun:
     check_supported(req)
-    route = models.get(req.model)
-    if route is None:
+    target = models.get(req.model)
+    if target is None:
         raise NotFound(f"The model '{req.model}' does not exist.", param="model", code="model_not_found")
     if req.background and not req.store:
         raise InvalidRequest("background responses must be stored: store cannot be false", param="store")
@@ -49,11 +51,30 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     response = response_object(req, response_id=response_id())
     if conversation_id is not None:
         response["conversation"] = {"id": conversation_id}
+    routing = await _routing(target, req, store, owner, conversation_id, response["id"], prompt_items, metrics)
     return ResponseRun(
-        req=req, owner=owner, route=route, store=store, tools=tools, prompt_items=prompt_items,
+        req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
-        router_tools=router_tools, prelude=prelude,
+        router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
     )
+
+
+async def _routing(target: ModelTarget, req: CreateResponse, store: Store, owner: str, conversation_id: str | None,
+                   rid: str, prompt: list[Item], metrics: Any) -> Routing:
+    """The arm and worker preference: sticky by conversation, or by the client's own key."""
+    previous = None
+    if target.records and req.previous_response_id is not None:
+        previous = await store.get_routing(req.previous_response_id, owner)
+    key = (conversation_id or (previous or {}).get("key") or req.prompt_cache_key or req.safety_identifier
+           or req.user or rid)
+    prefix_key = None
+    if target.affinity and previous is None:
+        first = next((message_text(i) for i in prompt if i["type"] == "message"), "")
+        prefix_key = conversation_id or prefix_hash(req.instructions, first)
+    routing = target.route(key, previous, prefix_key=prefix_key)
+    if routing.home is not None and metrics is not None:
+        metrics.failover(target.name, routing.home, routing.arm)
+    return routing
 
 
 def _conversation_id(req: CreateResponse) -> str | None:

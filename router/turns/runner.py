@@ -28,6 +28,7 @@ from router.tools.registry import RouterTools, gather_outcomes
 from router.turns.assembler import Assembler, Event
 from router.turns.prelude import Prelude
 from router.turns.route import ModelRoute
+from router.turns.routing import Routing
 from router.turns.tool_items import RouterCallItem
 from router.turns.upstream import Upstream
 
@@ -52,11 +53,15 @@ class ResponseRun:
     conversation_id: str | None = None  # the turn's input and output are appended to it
     router_tools: RouterTools | None = None
     prelude: Prelude | None = None  # MCP listings and approved calls, run before the first turn
+    routing: Routing | None = None  # the arm, and the worker preference for affinity pools
+    record_routing: bool = False  # remember where it was served, for the next turn
+    metrics: Any = None  # router.metrics.RouterMetrics
     # Background responses: the replica running it, and how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     _tool_calls_run: int = 0
+    _timer: Any = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
@@ -66,7 +71,12 @@ class ResponseRun:
         summaries = bool((self.req.reasoning or {}).get("summary"))
         self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries)
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
-        self._upstream = Upstream(self.route.pool, self.req.model, truncate=self.req.truncation == "auto")
+        routing = self.routing
+        arm = routing.arm if routing else self.route.pool.name
+        self._timer = self.metrics.timer(self.req.model, arm, self.route.pool.name) if self.metrics is not None else None
+        self._upstream = Upstream(self.route.pool, self.req.model, truncate=self.req.truncation == "auto",
+                                  preferred=routing.preferred_worker if routing else None,
+                                  prefix_key=routing.prefix_key if routing else None)
 
     @property
     def _loops(self) -> bool:
@@ -165,9 +175,12 @@ class ResponseRun:
         """One model turn's stream -> event batches; closes the turn."""
         assert self._stream is not None
         asm, decode = self._assembler, self._turn.chunk
+        timer = self._timer
         async for batch in self._stream.batches():
             events = asm.feed([d for frame in batch for d in decode(frame)])
             if events:
+                if timer is not None:
+                    timer.token(len(batch))
                 yield events
         events = asm.feed(self._turn.end()) + asm.close_turn()
         self._close_stream()
@@ -243,6 +256,10 @@ class ResponseRun:
     async def _persist(self) -> None:
         response = self.response
         status = response["status"]
+        if self._timer is not None and status not in ("queued", "in_progress"):
+            if status == "failed":
+                self._timer.error((response.get("error") or {}).get("code") or "failed")
+            self._timer.finish(status, response.get("usage"))
         if self.conversation_id is not None and status in ("completed", "incomplete"):
             await self.store.add_conversation_items(  # type: ignore[attr-defined]
                 self.conversation_id, self.owner, self.input_items + response["output"]
@@ -264,6 +281,18 @@ class ResponseRun:
                 lease_until=time.time() + self.lease_s if running else None,
             )
         )
+        if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
+            await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
+
+    @property
+    def served_by(self) -> dict[str, str]:
+        """Response headers naming where the request went."""
+        headers = {"x-router-pool": self.route.pool.name}
+        if self.routing is not None:
+            headers["x-router-arm"] = self.routing.arm
+        if self._upstream.last_url:
+            headers["x-router-worker"] = self._upstream.last_url
+        return headers
 
     async def persist(self) -> None:
         await self._persist()

@@ -23,11 +23,15 @@ log = logging.getLogger("router.turns")
 class Upstream:
     """Per-request: the worker in use, and the prompt as truncation left it."""
 
-    def __init__(self, pool: Pool, model: str, *, truncate: bool) -> None:
+    def __init__(self, pool: Pool, model: str, *, truncate: bool, preferred: str | None = None,
+                 prefix_key: str | None = None) -> None:
         self.pool = pool
         self.model = model  # the public name, for messages
         self.truncate = truncate
+        self.preferred = preferred
+        self.prefix_key = prefix_key
         self.worker: Worker | None = None
+        self.last_url: str | None = None  # the worker that served the last call
 
     async def post(self, turn: DialectTurn, items: list[Item]) -> tuple[Any, list[Item]]:
         """A non-streamed answer; returns it with the prompt items actually sent."""
@@ -60,7 +64,7 @@ class Upstream:
         tried: list[Worker] = []
         while True:
             try:
-                worker = self.pool.pick(exclude=tried)
+                worker = self.pool.pick(exclude=tried, preferred=self.preferred, prefix_key=self.prefix_key)
             except NoHealthyWorker as exc:
                 raise NoCapacity(f"no worker can serve model '{self.model}' now: {exc}", code="no_healthy_worker") from None
             tried.append(worker)
@@ -81,6 +85,7 @@ class Upstream:
     def _acquire(self, worker: Worker) -> None:
         worker.in_flight += 1
         self.worker = worker
+        self.last_url = worker.url
 
     def release(self) -> None:
         worker, self.worker = self.worker, None
