@@ -87,7 +87,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     _Server = _server_class()
     try:
         router = build(config, base_dir)
-    except ConfigError as exc:
+    except (ConfigError, ValueError, OSError) as exc:
         print(f"responses-router: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     log = logging.getLogger("router")

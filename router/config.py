@@ -211,6 +211,9 @@ class WebSearchConfig(_Section):
     url: str = Field(min_length=1)
     max_results: int = Field(5, ge=1, le=20)
     timeout_s: float = Field(10.0, gt=0)
+    # Results pointing at loopback or private addresses are dropped (no SSRF through open_page)
+    # unless this is set, e.g. for a search service on the same host in tests.
+    allow_private_results: bool = False
 
 
 class CodeInterpreterConfig(_Section):

@@ -51,7 +51,8 @@ class RouterTools:
             from router.tools.web_search import HttpJsonSearch
 
             tools.search = HttpJsonSearch(config.web_search.url, timeout_s=config.web_search.timeout_s,
-                                          allowlist=UrlAllowlist([config.web_search.url]))
+                                          allowlist=UrlAllowlist([config.web_search.url]),
+                                          allow_private_results=config.web_search.allow_private_results)
             tools.max_results = config.web_search.max_results
         if config.code_interpreter is not None:
             from router.tools.code_interpreter import CodeInterpreter, SandboxLimits

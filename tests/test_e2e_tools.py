@@ -1,0 +1,218 @@
+"""The tool loop on the router: real MCP servers (both transports), a search backend, the sandbox."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests import mcp_servers
+from tests.fake_search import FakeSearch
+from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
+from tests.streamrules import check_stream
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "sim-chat"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Any]]:
+    http = mcp_servers.start("streamable-http")
+    sse = mcp_servers.start("sse")
+    search = FakeSearch().start()
+    try:
+        yield {"http": http, "sse": sse, "search": search, "dead": f"http://127.0.0.1:{free_port()}/mcp"}
+    finally:
+        http.stop()
+        sse.stop()
+        search.stop()
+
+
+@pytest.fixture(scope="module")
+def tools_router(tmp_path_factory: pytest.TempPathFactory, servers: dict[str, Any]) -> Iterator[RouterProcess]:
+    http, sse, search = servers["http"], servers["sse"], servers["search"]
+    dead_base = servers["dead"].rsplit("/", 1)[0] + "/"
+    # The sandbox runs code as an unprivileged user: its root must be reachable by others.
+    containers = Path(tempfile.mkdtemp(prefix="rr-containers-"))
+    containers.chmod(0o711)
+    body = sim_pool_toml(replicas=1) + f"""
+[[models]]
+name = "{MODEL}"
+pool = "sim"
+
+[tools.mcp]
+allow = ["{http.base}/", "{dead_base}"]
+timeout_s = 10
+[[tools.mcp.servers]]
+label = "named"
+url = "{sse.url}"
+transport = "sse"
+
+[tools.web_search]
+url = "{search.search_url}"
+allow_private_results = true
+
+[tools.code_interpreter]
+root = "{containers}"
+timeout_s = 20
+"""
+    proc = start_router(tmp_path_factory.mktemp("tools"), body)
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def client(tools_router: RouterProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=tools_router.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def calc(servers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "mcp", "server_label": "calc", "server_url": servers["http"].url, "require_approval": "never", **extra}
+
+
+def types(response: Any) -> list[str]:
+    return [item.type for item in response.output]
+
+
+def test_mcp_list_call_answer(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    kwargs = dict(model=MODEL, input="add please [sim:call=mcp__calc__add]", tools=[calc(servers)])
+    response = client.responses.create(**kwargs)
+    assert types(response) == ["mcp_list_tools", "mcp_call", "message"]
+    listing, call, _ = response.output
+    assert {t.name for t in listing.tools} >= {"add", "echo", "slow", "fail"}
+    args = json.loads(call.arguments)
+    assert call.status == "completed" and call.server_label == "calc" and call.name == "add"
+    assert call.output == str(args["a"] + args["b"]) and call.error is None
+    assert response.output_text == f"tool said: {call.output}"
+    assert response.usage.output_tokens > len(response.output_text.split())  # both turns are counted
+    events = [e.model_dump() for e in client.responses.create(stream=True, **kwargs)]
+    final = check_stream(events)
+    kinds = [e["type"] for e in events]
+    for kind in ("response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed", "response.mcp_call.in_progress",
+                 "response.mcp_call_arguments.done", "response.mcp_call.completed"):
+        assert kind in kinds, kind
+    assert [i["type"] for i in final["output"]] == types(response)
+    assert final["output"][1]["output"] == call.output and final["usage"] == response.usage.model_dump()
+
+
+def test_concurrent_calls_listing_reused_and_failures_fed_back(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    first = client.responses.create(model=MODEL, input="both [sim:call=mcp__calc__add,mcp__calc__echo]", tools=[calc(servers)])
+    assert types(first) == ["mcp_list_tools", "mcp_call", "mcp_call", "message"]
+    add, echo = first.output[1], first.output[2]
+    assert add.status == echo.status == "completed"
+    assert first.output_text == f"tool said: {echo.output}"  # results went back in call order
+    second = client.responses.create(model=MODEL, input="now fail [sim:call=mcp__calc__fail]", tools=[calc(servers)],
+                                     previous_response_id=first.id)
+    assert types(second) == ["mcp_call", "message"]  # listed once per conversation
+    failed = second.output[0]
+    assert failed.status == "failed" and failed.error.type == "mcp_tool_execution_error"
+    assert second.status == "completed" and second.output_text.startswith("tool said: error")
+
+
+def test_down_server_and_disallowed_url(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    response = client.responses.create(model=MODEL, input="hi", tools=[calc(servers, server_url=servers["dead"])])
+    assert response.status == "completed" and types(response) == ["mcp_list_tools", "message"]
+    assert response.output[0].error is not None
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="hi", tools=[calc(servers, server_url="http://169.254.169.254/mcp")])
+    assert err.value.body["param"] == "tools[0].server_url" and err.value.body["code"] == "mcp_server_not_allowed"
+    with pytest.raises(openai.BadRequestError) as err:  # another port of an allowed host is another server
+        client.responses.create(model=MODEL, input="hi", tools=[calc(servers, server_url=f"http://127.0.0.1:{free_port()}/mcp")])
+    assert err.value.body["param"] == "tools[0].server_url"
+
+
+def test_approval_round_trip(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    tools = [{"type": "mcp", "server_label": "named"}]  # a configured server, approvals by default
+    asked = client.responses.create(model=MODEL, input="add [sim:call=mcp__named__add]", tools=tools)
+    assert types(asked) == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked.output[1]
+    yes = client.responses.create(model=MODEL, tools=tools, previous_response_id=asked.id,
+                                  input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    assert types(yes) == ["mcp_call", "message"]
+    assert yes.output[0].approval_request_id == request.id and yes.output[0].status == "completed"
+    assert yes.output_text == f"tool said: {yes.output[0].output}"
+    no = client.responses.create(model=MODEL, tools=tools, previous_response_id=asked.id,
+                                 input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}])
+    assert types(no) == ["message"] and "did not approve" in no.output_text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, tools=tools, previous_response_id=asked.id,
+                                input=[{"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}])
+    assert err.value.body["param"] == "input[0].approval_request_id"
+
+
+def test_web_search(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    response = client.responses.create(model=MODEL, input="look up fish [sim:call=web_search]", tools=[{"type": "web_search"}])
+    assert types(response) == ["web_search_call", "message"]
+    call = response.output[0]
+    assert call.status == "completed" and call.action.type == "search" and call.action.query
+    assert response.output_text.startswith("tool said: [1] Page one\nhttp://127.0.0.1:")
+    assert servers["search"].hits["/search"] >= 1
+    events = [e.model_dump() for e in client.responses.create(
+        model=MODEL, input="look up fish [sim:call=web_search]", tools=[{"type": "web_search"}], stream=True)]
+    check_stream(events)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.web_search_call.searching") < kinds.index("response.web_search_call.completed")
+
+
+def test_code_interpreter(client: openai.OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input="run it [sim:call=python]",
+                                       tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+                                       include=["code_interpreter_call.outputs"])
+    assert types(response) == ["code_interpreter_call", "message"]
+    call = response.output[0]
+    assert call.status == "completed" and call.code and call.container_id
+    logs = "".join(o.logs for o in call.outputs if o.type == "logs")
+    assert "NameError" in logs  # the sim writes a bare word: it really ran, and failed as Python would
+    assert response.output_text.startswith("tool said:") and "NameError" in response.output_text
+
+
+def test_caps_and_mixed_calls(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    capped = client.responses.create(model=MODEL, input="two [sim:call=mcp__calc__add,mcp__calc__echo]",
+                                     tools=[calc(servers)], max_tool_calls=1)
+    assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_tool_calls"
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    mixed = client.responses.create(model=MODEL, input="both [sim:call=get_weather,mcp__calc__add]", tools=[weather, calc(servers)])
+    assert types(mixed) == ["mcp_list_tools", "function_call", "mcp_call"]
+    assert mixed.output[2].status == "completed"  # the router ran its call, the client gets the function call
+    forced = client.responses.create(model=MODEL, input="anything", tools=[calc(servers)],
+                                     tool_choice={"type": "mcp", "server_label": "calc", "name": "echo"})
+    assert types(forced) == ["mcp_list_tools", "mcp_call", "message"] and forced.output[1].name == "echo"
+
+
+def test_stream_and_non_stream_agree_on_a_loop(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    kwargs = dict(model=MODEL, input="loop [sim:call=mcp__calc__echo]", tools=[calc(servers)])
+    plain = client.responses.create(**kwargs)
+    with client.responses.stream(**kwargs) as stream:
+        final = stream.get_final_response()
+    assert _plain(final.output) == _plain(plain.output)
+    assert final.usage == plain.usage
+
+
+def test_no_backend_means_not_offered(tmp_path: Path) -> None:
+    router = start_router(tmp_path, sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n')
+    try:
+        c = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+        response = c.responses.create(model=MODEL, input="[sim:echo=request]", tools=[{"type": "web_search"}, {"type": "code_interpreter", "container": "auto"}])
+        assert response.status == "completed" and "tools" not in json.loads(response.output_text)
+        with pytest.raises(openai.BadRequestError) as err:
+            c.responses.create(model=MODEL, input="x", tools=[{"type": "mcp", "server_label": "s", "server_url": "http://127.0.0.1:1/mcp"}])
+        assert err.value.body["param"] == "tools[0].server_url"
+    finally:
+        assert router.stop() == 0
+
+
+def _plain(value: Any) -> Any:
+    """Output items for comparing two runs: no fresh ids, no unset fields, no SDK-only ``parsed``."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None and k not in ("id", "parsed", "approval_request_id")}
+    return value
