@@ -221,3 +221,21 @@ def test_bad_container_id(root: Path, bad: str) -> None:
         asyncio.run(ci.run("print(1)", bad))
     with pytest.raises(ValueError):
         asyncio.run(ci.close_container(bad))
+
+
+def test_cancelled_run_leaves_nothing(root: Path) -> None:
+    async def go() -> None:
+        ci = CodeInterpreter(root, SandboxLimits(timeout_s=60))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ci.run("import time\ntime.sleep(60)", "c1"), 1.5)
+
+    asyncio.run(go())
+    assert sandbox_pids("c1") == []
+
+
+def test_containers_run_concurrently(root: Path) -> None:
+    async def go() -> list[CodeResult]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        return await asyncio.gather(*(ci.run(f"print({i})", f"c{i}") for i in range(4)))
+
+    assert [logs(r) for r in asyncio.run(go())] == ["0\n", "1\n", "2\n", "3\n"]

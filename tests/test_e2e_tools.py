@@ -14,6 +14,7 @@ import pytest
 from tests import mcp_servers
 from tests.fake_search import FakeSearch
 from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
+from tests.test_e2e_harmony import harmony_pool
 from tests.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -35,16 +36,22 @@ def servers() -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def tools_router(tmp_path_factory: pytest.TempPathFactory, servers: dict[str, Any]) -> Iterator[RouterProcess]:
+def tools_router(tmp_path_factory: pytest.TempPathFactory, servers: dict[str, Any], harmony_vocab: Path) -> Iterator[RouterProcess]:
     http, sse, search = servers["http"], servers["sse"], servers["search"]
     dead_base = servers["dead"].rsplit("/", 1)[0] + "/"
     # The sandbox runs code as an unprivileged user: its root must be reachable by others.
     containers = Path(tempfile.mkdtemp(prefix="rr-containers-"))
     containers.chmod(0o711)
-    body = sim_pool_toml(replicas=1) + f"""
+    body = sim_pool_toml(replicas=1) + harmony_pool("oss", "vllm", harmony_vocab) + f"""
+[harmony]
+vocab_dir = "{harmony_vocab}"
+
 [[models]]
 name = "{MODEL}"
 pool = "sim"
+[[models]]
+name = "oss"
+pool = "oss"
 
 [tools.mcp]
 allow = ["{http.base}/", "{dead_base}"]
@@ -183,6 +190,17 @@ def test_caps_and_mixed_calls(client: openai.OpenAI, servers: dict[str, Any]) ->
     forced = client.responses.create(model=MODEL, input="anything", tools=[calc(servers)],
                                      tool_choice={"type": "mcp", "server_label": "calc", "name": "echo"})
     assert types(forced) == ["mcp_list_tools", "mcp_call", "message"] and forced.output[1].name == "echo"
+
+
+def test_harmony_builtin_tools_run_on_the_router(client: openai.OpenAI) -> None:
+    search = client.responses.create(model="oss", input="find [sim:builtin=browser.search]", tools=[{"type": "web_search"}])
+    assert [t for t in types(search) if t != "reasoning"] == ["web_search_call", "message"]
+    assert search.output_text.startswith("tool said: [1] Page one")
+    code = client.responses.create(model="oss", input="compute [sim:builtin=python]",
+                                   tools=[{"type": "code_interpreter", "container": "auto"}], include=["code_interpreter_call.outputs"])
+    call = next(i for i in code.output if i.type == "code_interpreter_call")
+    assert call.code == "print(1 + 1)" and "".join(o.logs for o in call.outputs if o.type == "logs").strip() == "2"
+    assert code.output_text == "tool said: 2"
 
 
 def test_stream_and_non_stream_agree_on_a_loop(client: openai.OpenAI, servers: dict[str, Any]) -> None:

@@ -149,8 +149,35 @@ def _history(items: Sequence[Item]) -> list[Message]:
                 .with_channel("commentary")
                 .with_recipient("assistant")
             )
-        # other item types (built-in tool calls, MCP) are rendered by the tool loop's work, later
+        elif kind in ("mcp_call", "web_search_call", "code_interpreter_call"):
+            out += _router_call(item)
+        # mcp_list_tools and approval items are not part of the prompt
     return out
+
+
+def _router_call(item: Item) -> list[Message]:
+    """A tool the router ran: the model's call on its recipient, then the tool's answer."""
+    kind = item["type"]
+    if kind == "mcp_call":
+        recipient = f"functions.mcp__{item['server_label']}__{item['name']}"
+        call, content_type = item.get("arguments") or "{}", _JSON
+        result = item.get("_output") or item.get("output") or json.dumps(item.get("error") or "")
+    elif kind == "web_search_call":
+        recipient = "browser.search"
+        call, content_type = json.dumps({"query": (item.get("action") or {}).get("query", "")}), _JSON
+        result = item.get("_output") or "(results not kept)"
+    else:
+        recipient = "python"
+        call, content_type = item.get("code") or "", "code"
+        logs = "".join(o.get("logs", "") for o in item.get("outputs") or () if o.get("type") == "logs")
+        result = item.get("_output") or logs or "(output not kept)"
+    channel = "commentary" if recipient.startswith("functions.") else "analysis"
+    return [
+        Message.from_role_and_content(Role.ASSISTANT, call).with_channel(channel).with_recipient(recipient)
+        .with_content_type(content_type),
+        Message.from_author_and_content(Author.new(Role.TOOL, recipient), result).with_channel(channel)
+        .with_recipient("assistant"),
+    ]
 
 
 def _is_final(item: Item) -> bool:

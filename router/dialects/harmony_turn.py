@@ -38,11 +38,15 @@ class HarmonyTurn:
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
+        offered = self._tools.offered if self._tools.choice.mode != "none" else []
         functions = [
             {"type": "function", "name": t.engine_name, "description": t.description or "", "parameters": t.parameters}
-            for t in self._tools.offered
-        ] if self._tools.choice.mode != "none" else []
-        ids = render_prompt(items, instructions=req.instructions, tools=functions,
+            for t in offered if t.kind in ("function", "custom", "mcp")
+        ]
+        # gpt-oss knows its own browser and python tools; the router runs them through its backends.
+        builtins = [name for kind, name in (("web_search", "browser"), ("code_interpreter", "python"))
+                    if any(t.kind == kind for t in offered)]
+        ids = render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
                             reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
         self._prompt_tokens = len(ids)
         return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),

@@ -53,7 +53,8 @@ class RouterCallItem(OpenItem):
         try:
             parsed = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:
-            parsed = None
+            # harmony's python tool takes the code itself, not JSON
+            parsed = {"code": raw} if self.kind == "code_interpreter" else None
         self.arguments = parsed if isinstance(parsed, dict) else {}
         item = self.item
         if self.kind == "mcp":
@@ -62,7 +63,7 @@ class RouterCallItem(OpenItem):
         elif self.kind == "web_search":
             item["action"] = {"type": "search", "query": str(self.arguments.get("query", ""))}
         else:
-            item["code"] = code = str(self.arguments.get("code", raw if parsed is None else ""))
+            item["code"] = code = str(self.arguments.get("code", ""))
             events.append(self.sink.event({"type": "response.code_interpreter_call_code.delta", **self._ids(), "delta": code}))
             events.append(self.sink.event({"type": "response.code_interpreter_call_code.done", **self._ids(), "code": code}))
         if status != "completed" or parsed is None:
