@@ -20,15 +20,19 @@ from backends.pools import Pool, Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
 from router.api.admin import AdminAPI
+from router.api.compaction import CompactionAPI
 from router.api.auth import Authenticator
+from router.api.fastpath import FastPath
 from router.api.conversations import ConversationsAPI
 from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
 from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
+from router.api.websocket import ResponsesWebSocket, max_age_from_env
 from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.metrics import RouterMetrics
+from router.protocol.sealing import make_sealer
 from router.state import make_store
 from router.state.store import Store
 from router.tools.registry import RouterTools
@@ -45,7 +49,7 @@ class RouterApp:
     base_dir: Path
     store: Store
     pools: dict[str, Pool]
-    app: Starlette
+    app: FastPath
     background: BackgroundRuns
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -172,15 +176,22 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
                                 sweep_all_at_start=config.store.kind == "sqlite")
     auth = Authenticator({k.key: k.name for k in config.auth.keys})
+    router_tools = RouterTools.from_config(config.tools, base_dir)
+    sealer = make_sealer(config.sealing.resolved_keys())
+    responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
+                             background=background, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics)
     routes = [
-        *ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                      background=background, ttl_s=config.store.ttl_s,
-                      router_tools=RouterTools.from_config(config.tools, base_dir), metrics=metrics).routes(),
+        *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
+                       ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
+        *responses.routes(),
+        *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
+                            ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
+                            max_age_s=max_age_from_env()).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,
                  admin_key=config.auth.admin_key).routes(),
         *AdminAPI(pools=pools, models=targets, admin_key=config.auth.admin_key).routes(),
     ]
-    app = Starlette(routes=routes, exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    app = FastPath(Starlette(routes=routes, exception_handlers=HANDLERS), responses.create)  # type: ignore[arg-type]
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)

@@ -573,3 +573,19 @@ def test_make_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_store_config_refuses(fields: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         StoreConfig(**fields)
+
+
+def test_concurrent_puts_fail_alone(backend: Backend) -> None:
+    """Puts that are committed together (SQLite's group commit) still succeed or fail one by one."""
+
+    async def body(s: Store) -> None:
+        await s.put_response(resp("taken", owner="bob"))
+        puts = [s.put_response(resp(f"r{i}")) for i in range(8)] + [s.put_response(resp("taken"))]
+        results = await asyncio.gather(*puts, return_exceptions=True)
+        assert results[:8] == [None] * 8
+        assert isinstance(results[8], PermissionError)
+        for i in range(8):
+            assert await s.get_response(f"r{i}", "alice") is not None
+        assert await s.get_response("taken", "bob") is not None and await s.get_response("taken", "alice") is None
+
+    backend.run(body)

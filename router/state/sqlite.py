@@ -163,6 +163,9 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         self.clock = clock
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # Group commit: puts that arrive while a write is running share the next transaction.
+        self._pending: list[tuple[StoredResponse, asyncio.Future[None]]] = []
+        self._writing = False
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the store's thread."""
@@ -255,31 +258,78 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
         Raises PermissionError when the id exists under another owner. The
         lease columns are written too; a pending cancel request is kept.
+        Concurrent puts are committed together (one fsync, one thread hop), each
+        in its own savepoint, so one failing put leaves the others intact.
         """
-        await self._run(self._put_sync, response)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((response, future))
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    errors = await self._run(self._put_many_sync, [r for r, _ in batch])
+                except BaseException as exc:  # the transaction itself failed: every put of it did
+                    errors = [exc] * len(batch)
+                for (_, future), error in zip(batch, errors):
+                    if future.done():
+                        continue
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
+        finally:
+            self._writing = False
+
+    @staticmethod
+    def _put_many_sync(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[BaseException | None]:
+        if len(batch) == 1:  # the common case at low load: no savepoint needed
+            try:
+                SQLiteStore._put_sync(conn, batch[0])
+                return [None]
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                return [exc]
+        errors: list[BaseException | None] = []
+
+        def statements() -> None:
+            for response in batch:
+                try:
+                    conn.execute("SAVEPOINT put")
+                    SQLiteStore._put_statements(conn, response)
+                    conn.execute("RELEASE put")
+                    errors.append(None)
+                except Exception as exc:  # noqa: BLE001 - this put alone is undone
+                    conn.execute("ROLLBACK TO put")
+                    conn.execute("RELEASE put")
+                    errors.append(exc)
+
+        SQLiteStore._write(conn, statements)
+        return errors
 
     @staticmethod
     def _put_sync(conn: sqlite3.Connection, r: StoredResponse) -> None:
-        # Serialize everything before taking the write lock: a bad item fails
-        # here with nothing written, and the lock is held only for SQL.
+        SQLiteStore._write(conn, lambda: SQLiteStore._put_statements(conn, r))
+
+    @staticmethod
+    def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
+        # Serialize everything before writing: a bad item fails here with nothing written.
         body = orjson.dumps(r.body)
         rows: list[tuple[str, int, int, str | None, bytes]] = []
         for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
             for position, item in enumerate(items):
                 rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
         row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at)
-
-        def statements() -> None:
-            cur = conn.execute(_UPSERT_SQL, (*row, r.lease_holder, r.lease_until))
-            if cur.rowcount != 1:
-                # The id exists under another owner: never let one key overwrite another's.
-                raise PermissionError(f"response {r.id!r} belongs to another owner")
-            conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
-            conn.executemany(
-                "INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows
-            )
-
-        SQLiteStore._write(conn, statements)
+        cur = conn.execute(_UPSERT_SQL, (*row, r.lease_holder, r.lease_until))
+        if cur.rowcount != 1:
+            # The id exists under another owner: never let one key overwrite another's.
+            raise PermissionError(f"response {r.id!r} belongs to another owner")
+        conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
+        conn.executemany("INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
         return await self._run(self._get_sync, response_id, owner, self._now())
