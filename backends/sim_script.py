@@ -204,8 +204,8 @@ def schema_instance(schema: object, root: object = None, path: str = "", depth: 
 
 
 def _number(schema: dict, integer: bool) -> int | float:
-    """1 (or 1.5) moved inside the schema's bounds."""
-    value: int | float = 1 if integer else 1.5
+    """1 moved inside the schema's bounds; whole even for "number" (clients often read such fields as integers)."""
+    value: int | float = 1
     step = 1 if integer else 0.5
     low, high = schema.get("minimum"), schema.get("maximum")
     ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")

@@ -28,7 +28,7 @@ from router.api.errors import HANDLERS
 from router.api.meta import MetaAPI
 from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
-from router.api.websocket import ResponsesWebSocket, max_age_from_env
+from router.api.websocket import ResponsesWebSocket
 from router.config import Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.metrics import RouterMetrics
@@ -179,14 +179,14 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     router_tools = RouterTools.from_config(config.tools, base_dir)
     sealer = make_sealer(config.sealing.resolved_keys())
     responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                             background=background, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics)
+                             background=background, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
                        ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
         *responses.routes(),
         *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                             ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
-                            max_age_s=max_age_from_env()).routes(),
+                            max_age_s=config.server.websocket_max_age_s, sealer=sealer).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,

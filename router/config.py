@@ -22,6 +22,8 @@ class ServerConfig(_Section):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # WebSocket connections to /v1/responses are closed (code 1000) after this long.
+    websocket_max_age_s: float = Field(3600.0, gt=0)
 
 
 class StoreConfig(_Section):
@@ -238,6 +240,53 @@ class HarmonyConfig(_Section):
     vocab_dir: str = ""
 
 
+class SealingConfig(_Section):
+    """Keys for blobs the router seals for clients (compaction items): AES-256-GCM.
+
+    Each key is base64 of 32 random bytes (`python -c "import base64,os;print(base64.b64encode(os.urandom(32)).decode())"`).
+    The first key seals, all keys open: to rotate, put the new key first and keep the old one a while.
+    Every replica needs the same keys. None at all: a random per-process key (blobs die with the process).
+    """
+
+    keys: list[str] = []
+    # The name of an environment variable holding the keys, comma-separated (keeps them out of the file).
+    keys_env: str | None = None
+
+    @model_validator(mode="after")
+    def _keys(self) -> SealingConfig:
+        from router.protocol.sealing import decode_key
+
+        if self.keys and self.keys_env is not None:
+            raise ValueError("give at most one of keys or keys_env")
+        for i, key in enumerate(self.keys):
+            try:
+                decode_key(key)
+            except ValueError as exc:
+                raise _Reference(f"sealing.keys[{i}]", str(exc)) from None
+        return self
+
+    def resolved_keys(self) -> list[bytes]:
+        """The keys as bytes, read from the environment when ``keys_env`` names them; [] when none."""
+        from router.protocol.sealing import decode_key
+
+        texts = list(self.keys)
+        if self.keys_env is not None:
+            import os
+
+            value = os.environ.get(self.keys_env)
+            if not value or not value.strip():
+                raise ConfigError(f"sealing.keys_env: environment variable {self.keys_env!r} is not set")
+            texts = [t for t in value.split(",") if t.strip()]
+        out = []
+        for i, text in enumerate(texts):
+            try:
+                out.append(decode_key(text))
+            except ValueError as exc:
+                where = f"sealing.keys_env ({self.keys_env}) key {i}" if self.keys_env else f"sealing.keys[{i}]"
+                raise ConfigError(f"{where}: {exc}") from None
+        return out
+
+
 class Config(_Section):
     server: ServerConfig = ServerConfig()
     harmony: HarmonyConfig = HarmonyConfig()
@@ -245,6 +294,7 @@ class Config(_Section):
     tools: ToolsConfig = ToolsConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    sealing: SealingConfig = SealingConfig()
     pools: list[PoolConfig] = Field(min_length=1)
     models: list[ModelConfig] = Field(min_length=1)
 

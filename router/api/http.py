@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import zlib
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -10,6 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge
+
+try:  # zstd is what Codex CLI compresses its request bodies with
+    import zstandard
+except ImportError:  # without the package, zstd bodies are answered 415
+    zstandard = None  # type: ignore[assignment]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,7 +31,13 @@ def error_response(error: APIError) -> Response:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes.
+
+    A body sent with ``Content-Encoding`` (gzip, deflate, zstd) is decompressed;
+    ``limit`` holds for the compressed and for the decompressed size, and
+    decompression stops as soon as the output passes it (no zip bomb fills memory).
+    """
+    encodings = content_encodings(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
@@ -34,11 +48,117 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise _too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+    body = b"".join(chunks)
+    if not encodings or not body:
+        return body
+    if len(body) > _INLINE_DECODE_BYTES:  # large bodies decompress off the event loop
+        return await asyncio.to_thread(decode_body, body, encodings, limit)
+    return decode_body(body, encodings, limit)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.", code="request_too_large")
+
+
+# Content codings of request bodies (RFC 9110 8.4). Codex CLI sends zstd; gzip and deflate
+# are what other HTTP clients send. "x-gzip" is gzip's old name.
+SUPPORTED_ENCODINGS = ("gzip", "deflate", "zstd")
+_ALIASES = {"x-gzip": "gzip"}
+_INLINE_DECODE_BYTES = 256 * 1024
+_OUT_CHUNK = 64 * 1024  # zlib output per step
+_ZSTD_IN_CHUNK = 256  # zstd input per step: one step can produce at most ~8 MiB (RLE blocks)
+_ZSTD_MAX_WINDOW = 8 * 1024 * 1024  # RFC 8878 section 3: the "zstd" content coding's window limit
+_DECODE_ERRORS: tuple[type[Exception], ...] = (zlib.error, ValueError) + (
+    (zstandard.ZstdError,) if zstandard is not None else ())
+
+
+def content_encodings(header: str | None) -> list[str]:
+    """The codings of a Content-Encoding header in the order they were applied; identity
+    dropped. An unknown coding is 415 (RFC 9110 15.5.16) in the OpenAI error shape."""
+    if header is None:
+        return []
+    out = []
+    for raw in header.split(","):
+        name = raw.strip().lower()
+        name = _ALIASES.get(name, name)
+        if name in ("", "identity"):
+            continue
+        if name not in SUPPORTED_ENCODINGS or (name == "zstd" and zstandard is None):
+            supported = ", ".join(e for e in SUPPORTED_ENCODINGS if e != "zstd" or zstandard is not None)
+            raise APIError(f"Unsupported Content-Encoding {raw.strip()!r}; supported: {supported}.", status=415,
+                           type="invalid_request_error", param="Content-Encoding", code="unsupported_content_encoding")
+        out.append(name)
+    return out
+
+
+def decode_body(body: bytes, encodings: list[str], limit: int) -> bytes:
+    """Undo ``encodings`` (last applied first). Corrupt or truncated data is a 400; output
+    over ``limit`` bytes is a 413, raised as soon as the output passes the limit."""
+    for name in reversed(encodings):
+        pieces = _zstd_pieces(body) if name == "zstd" else _zlib_pieces(body, name)
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for piece in pieces:
+                size += len(piece)
+                if size > limit:
+                    raise _too_large(limit)
+                parts.append(piece)
+        except _DECODE_ERRORS as exc:
+            raise _undecodable(name, str(exc)) from None
+        body = b"".join(parts)
+    return body
+
+
+def _undecodable(name: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"The request body could not be decompressed as {name}: {why}", param="Content-Encoding",
+                          code="invalid_content_encoding")
+
+
+def _zlib_pieces(data: bytes, name: str) -> Iterator[bytes]:
+    """gzip (every member of a multi-member file) or deflate: zlib-wrapped as RFC 9110 says,
+    raw deflate as some clients send it; at most ``_OUT_CHUNK`` bytes per piece."""
+    if name == "gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    else:
+        zlib_header = len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
+        wbits = zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
+    rest = data
+    while True:
+        d = zlib.decompressobj(wbits)
+        while not d.eof:
+            piece = d.decompress(rest, _OUT_CHUNK)
+            rest = d.unconsumed_tail
+            if piece:
+                yield piece
+            elif not rest:
+                raise ValueError("the compressed data ends too early")
+        rest = d.unused_data
+        if name != "gzip" or not rest:
+            break
+    if rest:
+        raise ValueError("data follows the end of the compressed stream")
+
+
+def _zstd_pieces(data: bytes) -> Iterator[bytes]:
+    """One or more zstd frames, fed in small slices so one step's output stays bounded."""
+    assert zstandard is not None
+    decompressor = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+    d = decompressor.decompressobj()
+    pos = 0
+    while pos < len(data):
+        piece = d.decompress(data[pos:pos + _ZSTD_IN_CHUNK])
+        pos += _ZSTD_IN_CHUNK
+        if piece:
+            yield piece
+        if d.eof:
+            tail = d.unused_data + data[pos:]
+            if not tail:
+                return
+            data, pos = tail, 0
+            d = decompressor.decompressobj()
+    if not d.eof:
+        raise ValueError("the compressed data ends too early")
 
 
 def parse_model(model: type[M], body: bytes) -> M:

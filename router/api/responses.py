@@ -27,7 +27,8 @@ class ResponsesAPI:
 
     def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
                  background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, sealer: Any = None) -> None:
+        self.sealer = sealer
         self.metrics = metrics
         self.router_tools = router_tools
         self.store = store
@@ -50,7 +51,7 @@ class ResponsesAPI:
         owner = self.auth.owner(request)
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
         run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools,
-                            metrics=self.metrics)
+                            metrics=self.metrics, sealer=self.sealer)
         maybe_mirror(self.models[req.model], run)
         if req.background:
             queued = await self.background.submit(run)

@@ -196,6 +196,11 @@ def _normalize_reference(raw: Item, where: str) -> Item:
     return {"type": "item_reference", "id": _str(raw, "id", where)}
 
 
+def _normalize_compaction(raw: Item, where: str) -> Item:
+    """A compaction item from ``/v1/responses/compact``, replayed as sent (it is opened when the prompt is built)."""
+    return {"type": "compaction", "id": _id(raw.get("id"), "cmpi"), "encrypted_content": _str(raw, "encrypted_content", where)}
+
+
 def _normalize_tool_item(prefix: str, required: tuple[str, ...]) -> Callable[[Item, str], Item]:
     """Router-run tool items replayed by a client: kept as sent, with an id and the fields the loop reads."""
 
@@ -223,6 +228,7 @@ _NORMALIZERS: dict[str, Callable[[Item, str], Item]] = {
     "custom_tool_call_output": _normalize_function_call_output,
     "reasoning": _normalize_reasoning,
     "item_reference": _normalize_reference,
+    "compaction": _normalize_compaction,
 }
 
 

@@ -30,11 +30,13 @@ Event = dict[str, Any]
 class Assembler:
     """Builds one response from deltas; holds per-request state only."""
 
-    def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False) -> None:
+    def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
+                 seal: Any = None) -> None:
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
         self._tools = tools or ToolSet()
         self._summaries = summaries  # reasoning.summary was asked for
+        self._seal = seal  # reasoning text -> encrypted_content, for clients that keep no state here
         self._seq = 0
         self._open: MessageItem | ReasoningItem | None = None  # the open text-like item
         self._calls: dict[int, Any] = {}  # open tool calls of this turn, by delta index
@@ -164,7 +166,7 @@ class Assembler:
         if type(current) is ReasoningItem:
             return current
         self._close_open(events, "completed")
-        item = ReasoningItem(self, len(self.output), self._summaries)
+        item = ReasoningItem(self, len(self.output), self._summaries, self._seal)
         self._open = item
         item.announce(events)
         return item

@@ -125,9 +125,10 @@ class MessageItem(OpenItem):
 class ReasoningItem(OpenItem):
     """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
 
-    def __init__(self, sink: Sink, index: int, summaries: bool) -> None:
+    def __init__(self, sink: Sink, index: int, summaries: bool, seal: Any = None) -> None:
         super().__init__(sink, index, {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
         self._summaries = summaries
+        self._seal = seal
         self._chunks: list[str] = []
 
     def announce(self, events: list[Event]) -> None:
@@ -149,6 +150,8 @@ class ReasoningItem(OpenItem):
         events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
         if self._summaries:
             self._summary(text, events)
+        if self._seal is not None:
+            self.item["encrypted_content"] = self._seal(text)
         self._done(events, status)
 
     def _summary(self, text: str, events: list[Event]) -> None:

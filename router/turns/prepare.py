@@ -12,6 +12,7 @@ from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import response_id
 from router.protocol.items import Item, message_text, normalize_input
 from router.protocol.requests import CreateResponse, check_supported
+from router.protocol.sealing import Sealer, expand_compactions, open_reasoning, seal_reasoning
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.state.store import Store
@@ -23,7 +24,8 @@ from router.turns.runner import ResponseRun
 
 
 async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelTarget],
-                  ttl_s: int | None, router_tools: RouterTools | None = None, metrics: Any = None) -> ResponseRun:
+                  ttl_s: int | None, router_tools: RouterTools | None = None, metrics: Any = None,
+                  sealer: Sealer | None = None) -> ResponseRun:
     check_supported(req)
     target = models.get(req.model)
     if target is None:
@@ -46,6 +48,9 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     if not input_items and not history:
         raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
     prompt_items = history + input_items
+    if sealer is not None:
+        prompt_items = expand_compactions(prompt_items, sealer, owner, first_input=len(history))
+        prompt_items = open_reasoning(prompt_items, sealer, owner, first_input=len(history))
     check_tool_outputs(prompt_items)
     prelude = build_prelude(tools, router_tools, history, input_items)
     response = response_object(req, response_id=response_id())
@@ -56,7 +61,15 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
         router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
+        seal=_reasoning_sealer(req, sealer, owner),
     )
+
+
+def _reasoning_sealer(req: CreateResponse, sealer: Sealer | None, owner: str) -> Any:
+    """When the client asked for encrypted reasoning: a function sealing reasoning text for it."""
+    if sealer is None or "reasoning.encrypted_content" not in (req.include or ()):
+        return None
+    return lambda text: seal_reasoning(sealer, owner, text)
 
 
 async def _routing(target: ModelTarget, req: CreateResponse, store: Store, owner: str, conversation_id: str | None,

@@ -56,6 +56,7 @@ class ResponseRun:
     routing: Routing | None = None  # the arm, and the worker preference for affinity pools
     record_routing: bool = False  # remember where it was served, for the next turn
     metrics: Any = None  # router.metrics.RouterMetrics
+    seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
     # Background responses: the replica running it, and how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
@@ -69,7 +70,7 @@ class ResponseRun:
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
-        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries)
+        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal)
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
         routing = self.routing
         arm = routing.arm if routing else self.route.pool.name

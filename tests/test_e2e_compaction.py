@@ -1,0 +1,252 @@
+"""``/v1/responses/compact`` and ``/v1/responses/input_tokens`` through the openai SDK, against sim workers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from router.api.compaction import SUMMARY_PROMPT
+from router.protocol.sealing import SUMMARY_PREFIX
+from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
+
+pytestmark = pytest.mark.e2e
+
+CHAT = "sim-chat"
+HARMONY = "oss-sim"
+KEY_ALICE = "sk-compaction-alice-1"
+KEY_BOB = "sk-compaction-bob-22"
+SEAL_OLD = base64.b64encode(os.urandom(32)).decode()
+SEAL_NEW = base64.b64encode(os.urandom(32)).decode()
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+# The create path opens compaction items once prepare() calls expand_compactions.
+
+
+def harmony_pool(vocab: Path) -> str:
+    first, last = free_range()
+    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
+               "--engine", "vllm", "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
+    return f"""
+[[pools]]
+name = "oss"
+engine = "vllm"
+dialect = "harmony"
+model = "gpt-oss-sim"
+context_length = 8192
+health_interval_s = 0.5
+[pools.managed]
+replicas = 1
+port_range = [{first}, {last}]
+command = {json.dumps(command)}
+log_dir = "logs"
+"""
+
+
+def config(vocab: Path, keys: list[str]) -> str:
+    return (
+        f'[harmony]\nvocab_dir = "{vocab}"\n'
+        + f"[sealing]\nkeys = {json.dumps(keys)}\n"
+        + f'[auth]\nkeys = [{{ name = "alice", key = "{KEY_ALICE}" }}, {{ name = "bob", key = "{KEY_BOB}" }}]\n'
+        + sim_pool_toml(replicas=2)
+        + harmony_pool(vocab)
+        + f'\n[[models]]\nname = "{CHAT}"\npool = "sim"\n[[models]]\nname = "{HARMONY}"\npool = "oss"\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
+    proc = start_router(tmp_path_factory.mktemp("compaction"), config(harmony_vocab, [SEAL_OLD]))
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def sdk(router: RouterProcess, key: str = KEY_ALICE) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router.base_url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(router: RouterProcess) -> openai.OpenAI:
+    return sdk(router)
+
+
+@pytest.fixture(scope="module")
+def http(router: RouterProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=router.base_url, timeout=30, headers={"authorization": f"Bearer {KEY_ALICE}"}) as c:
+        yield c
+
+
+def as_input(output: list[Any]) -> list[dict[str, Any]]:
+    """A compacted output, sent back as input the way clients do."""
+    return [item.model_dump(exclude_none=True, warnings=False) for item in output]
+
+
+def assert_error(resp: httpx.Response, status: int, *, param: str | None = None, code: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def compacted(client: openai.OpenAI) -> Any:
+    first = client.responses.create(model=CHAT, input="my name is Ada and I like rain [sim:tokens=4]")
+    return client.responses.compact(model=CHAT, previous_response_id=first.id, input="what is my name?",
+                                    instructions="be brief")
+
+
+# -- compact ------------------------------------------------------------------------------
+
+
+def test_compact_returns_the_last_user_message_and_a_sealed_summary(client: openai.OpenAI, compacted: Any) -> None:
+    assert compacted.object == "response.compaction" and compacted.id.startswith("cmp_")
+    assert isinstance(compacted.created_at, int)
+    kept, item = compacted.output
+    assert kept.type == "message" and kept.role == "user"
+    assert kept.content[0].text == "what is my name?"
+    assert item.type == "compaction" and item.id.startswith("cmpi_")
+    assert "Ada" not in item.encrypted_content and len(item.encrypted_content) > 40
+    usage = compacted.usage
+    assert usage.input_tokens > 0 and usage.output_tokens > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
+def test_the_whole_conversation_reaches_the_summarizer(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=CHAT, input="one two three [sim:tokens=4]")
+    counted = client.responses.input_tokens.count(model=CHAT, previous_response_id=first.id, input="four five",
+                                                  instructions="be brief")
+    compacted = client.responses.compact(model=CHAT, previous_response_id=first.id, input="four five",
+                                         instructions="be brief")
+    # the sim counts 3 + words per message: the prompt is the conversation plus the summarization request
+    assert compacted.usage.input_tokens == counted.input_tokens + 3 + len(SUMMARY_PROMPT.split())
+
+
+def test_compacted_output_continues_the_conversation(client: openai.OpenAI, compacted: Any) -> None:
+    follow = client.responses.create(model=CHAT, input=[*as_input(compacted.output),
+                                                        {"role": "user", "content": "so? [sim:echo]"}])
+    messages = json.loads(follow.output_text)
+    assert messages[0]["role"] == "system"
+    system = messages[0]["content"]
+    assert system.startswith(SUMMARY_PREFIX)  # the compacted conversation's instructions are not carried over
+    summary = system.removeprefix(SUMMARY_PREFIX)
+    assert summary.strip()
+    assert [m["content"] for m in messages[1:]] == ["what is my name?", "so? [sim:echo]"]
+    assert compacted.output[1].encrypted_content not in follow.output_text
+    # stored as sent, and opened again when the chain goes on
+    again = client.responses.create(model=CHAT, previous_response_id=follow.id, input="more [sim:echo]")
+    assert SUMMARY_PREFIX + summary in json.loads(again.output_text)[0]["content"]
+
+
+def test_compaction_of_a_compacted_conversation(client: openai.OpenAI, compacted: Any) -> None:
+    twice = client.responses.compact(model=CHAT, input=[*as_input(compacted.output), {"role": "user", "content": "next"}])
+    kept, item = twice.output
+    assert kept.content[0].text == "next" and item.type == "compaction"
+    assert item.encrypted_content != compacted.output[1].encrypted_content
+
+
+def tampered(blob: str) -> str:
+    raw = bytearray(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4)))
+    raw[len(raw) // 2] ^= 0x20
+    return base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses/input_tokens",
+                                  "/v1/responses"])
+def test_tampered_compaction_is_a_400(http: httpx.Client, compacted: Any, path: str) -> None:
+    items = as_input(compacted.output)
+    items[1]["encrypted_content"] = tampered(items[1]["encrypted_content"])
+    resp = http.post(path, json={"model": CHAT, "input": [{"role": "user", "content": "hi"}, *items]})
+    error = assert_error(resp, 400, param="input[2].encrypted_content", code="invalid_encrypted_content")
+    assert "input[2]" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses"])
+def test_another_owners_compaction_is_a_400(router: RouterProcess, compacted: Any, path: str) -> None:
+    with httpx.Client(base_url=router.base_url, timeout=30, headers={"authorization": f"Bearer {KEY_BOB}"}) as bob:
+        resp = bob.post(path, json={"model": CHAT, "input": as_input(compacted.output)})
+    assert_error(resp, 400, param="input[1].encrypted_content", code="invalid_encrypted_content")
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses/input_tokens"])
+def test_model_is_required(http: httpx.Client, path: str) -> None:
+    assert_error(http.post(path, json={"input": "hi"}), 400, param="model", code="missing_required_parameter")
+    assert_error(http.post(path, json={"model": "nope", "input": "hi"}), 404, param="model", code="model_not_found")
+    assert_error(http.post(path, json={"model": CHAT, "input": "hi", "surprise": 1}), 400, param="surprise",
+                 code="unknown_parameter")
+    assert_error(http.post(path, json={"model": CHAT}), 400, code="empty_input")
+
+
+def test_compact_errors_through_the_sdk(router: RouterProcess, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.post("/responses/compact", body={"input": "hi"}, cast_to=object)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.compact(model=CHAT, previous_response_id="resp_missing")
+    with pytest.raises(openai.AuthenticationError):
+        sdk(router, "sk-nobody-0000").responses.compact(model=CHAT, input="hi")
+
+
+# -- input_tokens ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"input": "hello there, how are you today?"},
+    {"input": [{"role": "user", "content": "weather in Paris?"}], "instructions": "You are terse.", "tools": [WEATHER]},
+    {"input": [{"role": "developer", "content": "use metric"}, {"role": "user", "content": "a b c d e f"}]},
+])
+@pytest.mark.parametrize("model", [CHAT, HARMONY])
+def test_input_tokens_equal_what_the_worker_reports(client: openai.OpenAI, model: str, kwargs: dict) -> None:
+    counted = client.responses.input_tokens.count(model=model, **kwargs)
+    assert counted.object == "response.input_tokens"
+    created = client.responses.create(model=model, max_output_tokens=16, **kwargs)
+    assert counted.input_tokens == created.usage.input_tokens > 0
+    assert client.responses.input_tokens.count(model=model, **kwargs).input_tokens == counted.input_tokens
+
+
+@pytest.mark.parametrize("model", [CHAT, HARMONY])
+def test_input_tokens_of_a_chain(client: openai.OpenAI, model: str) -> None:
+    first = client.responses.create(model=model, input="remember the number 7", max_output_tokens=16)
+    counted = client.responses.input_tokens.count(model=model, previous_response_id=first.id, input="which number?")
+    second = client.responses.create(model=model, previous_response_id=first.id, input="which number?",
+                                     max_output_tokens=16)
+    assert counted.input_tokens == second.usage.input_tokens
+
+
+def test_input_tokens_count_the_summary(client: openai.OpenAI, compacted: Any) -> None:
+    bare = client.responses.input_tokens.count(model=CHAT, input=as_input(compacted.output)[:1])
+    with_summary = client.responses.input_tokens.count(model=CHAT, input=as_input(compacted.output))
+    assert with_summary.input_tokens > bare.input_tokens + len(SUMMARY_PREFIX.split())
+
+
+# -- keys survive a restart and rotate ------------------------------------------------------
+
+
+def test_rotated_keys_open_old_blobs(tmp_path: Path, harmony_vocab: Path, compacted: Any) -> None:
+    """A new router with [new, old] keys opens what the old one sealed; its own blobs need the new key."""
+    rotated = start_router(tmp_path / "rotated", config(harmony_vocab, [SEAL_NEW, SEAL_OLD]))
+    try:
+        client = sdk(rotated)
+        counted = client.responses.input_tokens.count(model=CHAT, input=as_input(compacted.output))
+        assert counted.input_tokens > 0
+        fresh = client.responses.compact(model=CHAT, input=as_input(compacted.output))
+    finally:
+        assert rotated.stop() == 0, rotated.log()
+    retired = start_router(tmp_path / "retired", config(harmony_vocab, [SEAL_OLD]))
+    try:
+        with httpx.Client(base_url=retired.base_url, timeout=30, headers={"authorization": f"Bearer {KEY_ALICE}"}) as h:
+            resp = h.post("/v1/responses/input_tokens", json={"model": CHAT, "input": as_input(fresh.output)})
+        assert_error(resp, 400, param="input[1].encrypted_content")
+    finally:
+        assert retired.stop() == 0, retired.log()
