@@ -285,3 +285,31 @@ def test_truncation_auto_drops_the_oldest_turns(small_context: openai.OpenAI) ->
     with pytest.raises(openai.BadRequestError) as err:
         small_context.responses.create(model="small", input="again", previous_response_id=previous, max_output_tokens=20)
     assert err.value.body["code"] == "context_length_exceeded" and err.value.body["param"] == "input"
+
+
+# -- encrypted reasoning (stateless clients) -----------------------------------------
+
+
+def test_encrypted_reasoning_round_trip(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=THINK_MODEL, input="think [sim:think=4] [sim:tokens=2]", store=False,
+                                    include=["reasoning.encrypted_content"])
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content
+    assert reasoning.content[0].text not in reasoning.encrypted_content  # sealed, not encoded
+    replay = [item.model_dump(exclude_none=True) for item in first.output]
+    second = client.responses.create(model=THINK_MODEL, store=False, include=["reasoning.encrypted_content"],
+                                     input=[{"role": "user", "content": "think [sim:think=4] [sim:tokens=2]"}, *replay,
+                                            {"role": "user", "content": "and? [sim:echo]"}])
+    assistant = next(m for m in json.loads(second.output_text) if m["role"] == "assistant")
+    assert assistant["reasoning_content"] == reasoning.content[0].text  # the model got its own reasoning back
+    # A client that drops the plain text still gets it back from the blob.
+    blob_only = [{"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}]
+    third = client.responses.create(model=THINK_MODEL, store=False,
+                                    input=[*blob_only, replay[1], {"role": "user", "content": "[sim:echo]"}])
+    assert json.loads(third.output_text)[0]["reasoning_content"] == reasoning.content[0].text
+    tampered = reasoning.encrypted_content[:-6] + ("AAAAAA" if not reasoning.encrypted_content.endswith("AAAAAA") else "BBBBBB")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=THINK_MODEL, store=False, input=[
+            {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": tampered},
+            {"role": "user", "content": "x"}])
+    assert err.value.body["code"] == "invalid_encrypted_content" and err.value.body["param"] == "input[0].encrypted_content"

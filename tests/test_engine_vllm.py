@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -345,3 +346,24 @@ def test_worker_killed_mid_stream_fails_the_stream_then_restarts(client: openai.
     assert restarted["process"]["restarts"] >= 1
     response = client.responses.create(model=CHAT, input="back again", max_output_tokens=4)
     assert response.status == "incomplete" and response.usage.output_tokens == 4
+
+
+def test_harmony_worker_killed_mid_generate_fails_the_stream(client: openai.OpenAI, engine_router: RouterProcess) -> None:
+    """The same over /inference/v1/generate. A random gpt-oss writes no channel header, so the router holds its
+    tokens back as an unfinished header: nothing but the lifecycle events arrives before the end, and the kill is
+    timed instead of triggered by a delta. Last test: the restart of this worker is not waited for."""
+    pid = _worker(engine_router, OSS)["process"]["pid"]
+    timer = threading.Timer(2.0, os.killpg, (pid, signal.SIGKILL))
+    events: list[dict[str, Any]] = []
+    try:
+        stream = client.responses.create(model=OSS, input="A long answer to interrupt", stream=True,
+                                         max_output_tokens=MAX_MODEL_LEN - 100)
+        timer.start()
+        events = [e.model_dump() for e in stream]
+    finally:
+        timer.cancel()
+    final = check_stream(events)
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["error", "response.failed"], f"{kinds[-5:]}, usage {final.get('usage')}"
+    assert final["status"] == "failed" and final["error"]
+    assert client.responses.retrieve(final["id"]).status == "failed"
