@@ -10,7 +10,7 @@ allocation beyond a few locals, O(n) in the number of healthy candidates.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 
@@ -71,15 +71,26 @@ class LeastInFlight:
         self._next = 0
 
     def choose(self, candidates: Sequence[C]) -> C:
-        n = len(candidates)
-        start = self._next % n
-        self._next += 1
-        best = candidates[start]
-        for i in range(1, n):
-            candidate = candidates[(start + i) % n]
-            if candidate.in_flight < best.in_flight:
-                best = candidate
-        return best
+        return _least(self, candidates, _in_flight)
+
+
+def _in_flight(candidate: Candidate) -> float:
+    return candidate.in_flight
+
+
+def _least(rotor: LeastInFlight | LeastLoad, candidates: Sequence[C], key: Callable[[Candidate], float]) -> C:
+    """The candidate with the lowest ``key``, scanning from a rotating start so ties spread."""
+    n = len(candidates)
+    start = rotor._next % n
+    rotor._next += 1
+    best = candidates[start]
+    best_key = key(best)
+    for i in range(1, n):
+        candidate = candidates[(start + i) % n]
+        value = key(candidate)
+        if value < best_key:
+            best, best_key = candidate, value
+    return best
 
 
 class LeastLoad:
@@ -89,17 +100,7 @@ class LeastLoad:
         self._next = 0
 
     def choose(self, candidates: Sequence[C]) -> C:
-        n = len(candidates)
-        start = self._next % n
-        self._next += 1
-        best = candidates[start]
-        best_load = load_of(best)
-        for i in range(1, n):
-            candidate = candidates[(start + i) % n]
-            load = load_of(candidate)
-            if load < best_load:
-                best, best_load = candidate, load
-        return best
+        return _least(self, candidates, load_of)
 
 
 class PowerOfTwo:

@@ -175,7 +175,9 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     metrics.watch_pools(lambda: pools.values())
     background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
                                 sweep_all_at_start=config.store.kind == "sqlite")
-    auth = Authenticator({k.key: k.name for k in config.auth.keys})
+    auth = Authenticator({k.digest(): k.name for k in config.auth.keys})
+    if not config.auth.keys:
+        log.warning("no [auth] keys configured: the router is OPEN, every caller shares one owner's stored state")
     router_tools = RouterTools.from_config(config.tools, base_dir)
     sealer = make_sealer(config.sealing.resolved_keys())
     responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,

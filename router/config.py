@@ -64,8 +64,30 @@ class StoreConfig(_Section):
 
 
 class ApiKey(_Section):
+    """One client key, given exactly one way: plain, as its sha256 (hex), or by an env var holding it."""
+
     name: str = Field(min_length=1)
-    key: str = Field(min_length=8)
+    key: str | None = Field(None, min_length=8)
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    key_env: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ApiKey:
+        if sum(v is not None for v in (self.key, self.key_sha256, self.key_env)) != 1:
+            raise ValueError("give exactly one of key, key_sha256 or key_env")
+        return self
+
+    def digest(self) -> str:
+        """The key's sha256, hex: what the router compares (it never needs the key itself)."""
+        import hashlib
+        import os
+
+        if self.key_sha256 is not None:
+            return self.key_sha256.lower()
+        value = self.key if self.key is not None else os.environ.get(self.key_env or "")
+        if not value:
+            raise ConfigError(f"auth.keys: environment variable {self.key_env!r} (key {self.name!r}) is not set")
+        return hashlib.sha256(value.encode()).hexdigest()
 
 
 class AuthConfig(_Section):
@@ -76,10 +98,9 @@ class AuthConfig(_Section):
 
     @model_validator(mode="after")
     def _unique(self) -> AuthConfig:
-        for attr in ("name", "key"):
-            values = [getattr(k, attr) for k in self.keys]
-            if len(values) != len(set(values)):
-                raise ValueError(f"two keys share a {attr}")
+        names = [k.name for k in self.keys]
+        if len(names) != len(set(names)):
+            raise ValueError("two keys share a name")
         return self
 
 

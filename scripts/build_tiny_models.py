@@ -59,7 +59,7 @@ def _seed() -> None:
     torch.manual_seed(SEED)
 
 
-def _suppress(model, token_ids: list[int], strength: float = 1.0) -> None:  # noqa: ANN001
+def _suppress(model, token_ids: list[int], strength: float = 1.0) -> None:
     """Make ``token_ids`` (nearly) never sampled, whatever the context.
 
     Every embedding row gets a large constant in dimension 0, so after the final
@@ -82,7 +82,14 @@ def _suppress(model, token_ids: list[int], strength: float = 1.0) -> None:  # no
 
 def build_chat(out: Path) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     _seed()
@@ -127,7 +134,7 @@ HARMONY_SPECIALS = {
     200018: "<|endofprompt|>",
 }
 OSS_VOCAB = 201088
-O200K_PATTERN = "|".join([
+O200K_PATTERN = "|".join([  # noqa: FLY002 - one alternative a line, as tiktoken writes it
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""\p{N}{1,3}""",
@@ -145,7 +152,8 @@ def build_gpt_oss(out: Path, vocab_dir: Path) -> None:
 
     _seed()
     vocab_file = vocab_dir / "o200k_base.tiktoken"
-    base = sum(1 for _ in open(vocab_file, "rb"))
+    with open(vocab_file, "rb") as f:
+        base = sum(1 for _ in f)
     specials = [HARMONY_SPECIALS.get(i, f"<|reserved_{i}|>") for i in range(base, OSS_VOCAB)]
     # transformers 5 names the list extra_special_tokens, 4.x additional_special_tokens.
     converted = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN, extra_special_tokens=specials,

@@ -29,6 +29,7 @@ Importable: ``prepare(cache) -> Prepared`` (raises ``PrepareError`` with the rea
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -92,15 +93,17 @@ def _log(msg: str) -> None:
 def _run(argv: list[str], what: str, *, log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
     """Run a command; on failure raise PrepareError with the tail of its output."""
     _log(f"{what}: {' '.join(argv)}")
-    out = open(log_path, "ab") if log_path else subprocess.PIPE
-    try:
-        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    finally:
-        if log_path:
-            out.close()  # type: ignore[union-attr]
+    env = {**os.environ, **(env or {})}
+    if log_path is not None:
+        with open(log_path, "ab") as out:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+        output = log_path.read_text(errors="replace")
+    else:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, check=False)
+        output = proc.stdout.decode(errors="replace")
     if proc.returncode != 0:
-        tail = (log_path.read_text(errors="replace") if log_path else (proc.stdout or b"").decode(errors="replace"))[-3000:]
-        raise PrepareError(f"{what} failed (exit {proc.returncode}){f', log: {log_path}' if log_path else ''}:\n{tail}")
+        where = f", log: {log_path}" if log_path else ""
+        raise PrepareError(f"{what} failed (exit {proc.returncode}){where}:\n{output[-3000:]}")
 
 
 def _marker_ok(path: Path, recipe: dict[str, object]) -> bool:
@@ -182,18 +185,22 @@ def prepare(cache: Path | str | None = None) -> Prepared:
             result = fn()
         except PrepareError:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure becomes one readable reason
+        except Exception as exc:
             raise PrepareError(f"{name}: {type(exc).__name__}: {exc}") from exc
         timings[name] = round(time.monotonic() - started, 2)
         _log(f"{name}: {result} ({timings[name]:.1f} s)")
         return result
 
     venv = cache / VENV_NAME
-    python = step("venv", lambda: ensure_venv(venv))
-    vocab_dir = step("vocab", lambda: ensure_vocab(cache / "harmony", python))
-    models = cache / "models"
-    chat = step("chat model", lambda: ensure_model("chat", models / CHAT_MODEL, python, vocab_dir))
-    oss = step("gpt-oss model", lambda: ensure_model("gpt-oss", models / OSS_MODEL, python, vocab_dir))
+    cache.mkdir(parents=True, exist_ok=True)
+    # One preparation at a time per cache (two test runs at once must not install over each other).
+    with open(cache / ".prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        python = step("venv", lambda: ensure_venv(venv))
+        vocab_dir = step("vocab", lambda: ensure_vocab(cache / "harmony", python))
+        models = cache / "models"
+        chat = step("chat model", lambda: ensure_model("chat", models / CHAT_MODEL, python, vocab_dir))
+        oss = step("gpt-oss model", lambda: ensure_model("gpt-oss", models / OSS_MODEL, python, vocab_dir))
     return Prepared(cache, venv, python, vocab_dir, chat, oss, timings)
 
 

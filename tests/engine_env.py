@@ -37,7 +37,7 @@ def _load_script() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def vllm_prepared():  # noqa: ANN201 - returns prepare_vllm_cpu.Prepared
+def vllm_prepared():
     """The prepared vLLM venv and model paths (``Prepared``: python, vocab_dir, chat_model, oss_model, engine_env())."""
     script = _load_script()
     started = time.monotonic()

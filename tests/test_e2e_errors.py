@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,8 @@ pytestmark = pytest.mark.e2e
 
 KEY_A = "sk-test-key-a-123456"
 KEY_B = "sk-test-key-b-654321"
+KEY_C = "sk-test-key-c-hashed"  # configured by its sha256 only
+KEY_D = "sk-test-key-d-from-env"  # configured by an environment variable
 
 
 def assert_error(resp: httpx.Response, status: int, *, code: str | None = None, param: str | None = None) -> dict:
@@ -48,8 +52,11 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
         sim_pool_toml(replicas=1)
         + f'\n[[pools]]\nname = "dead"\nengine = "vllm"\nmodel = "m"\nurls = ["{dead}"]\nhealth_interval_s = 0.5\n'
         + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n[[models]]\nname = "dead-model"\npool = "dead"\n'
-        + f'\n[auth]\nkeys = [{{ name = "a", key = "{KEY_A}" }}, {{ name = "b", key = "{KEY_B}" }}]\n'
+        + f'\n[auth]\nkeys = [{{ name = "a", key = "{KEY_A}" }}, {{ name = "b", key = "{KEY_B}" }},'
+        + f' {{ name = "c", key_sha256 = "{hashlib.sha256(KEY_C.encode()).hexdigest()}" }},'
+        + ' { name = "d", key_env = "RR_TEST_KEY_D" }]\n'
     )
+    os.environ["RR_TEST_KEY_D"] = KEY_D  # the router process inherits it
     proc = start_router(tmp_path_factory.mktemp("strict"), body, server="max_body_bytes = 65536")
     yield proc
     assert proc.stop() == 0, proc.log()
@@ -225,6 +232,11 @@ def test_api_keys(strict: RouterProcess) -> None:
     assert a.responses.retrieve(mine.id).output_text == mine.output_text  # b's attempts changed nothing
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=strict.base_url + "/v1", api_key="sk-nobody-000000", max_retries=0).models.list()
+    for key in (KEY_C, KEY_D):  # hashed and env-var keys work like plain ones, each its own owner
+        other = openai.OpenAI(base_url=strict.base_url + "/v1", api_key=key, max_retries=0)
+        assert other.responses.create(model=MODEL, input="hi").status == "completed"
+        with pytest.raises(openai.NotFoundError):
+            other.responses.retrieve(mine.id)
 
 
 # -- load ----------------------------------------------------------------------

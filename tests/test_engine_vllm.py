@@ -171,7 +171,7 @@ def _engine_prompt_tokens(router: RouterProcess, pool: str, model: Path, message
     return body["count"]
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.1) -> Any:  # noqa: ANN001
+def _wait(predicate, timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from starlette.requests import Request
@@ -12,9 +13,12 @@ ANONYMOUS = ""
 
 
 class Authenticator:
-    def __init__(self, keys: dict[str, str]) -> None:
-        """``keys`` maps each secret key to its owner name; empty means no authentication."""
-        self._keys = keys
+    def __init__(self, digests: dict[str, str]) -> None:
+        """``digests`` maps each key's sha256 (hex) to its owner name; empty means no authentication.
+
+        Only digests are held, so a config may list hashed keys and a memory dump shows no key.
+        """
+        self._keys = digests
 
     def owner(self, request: Request) -> str:
         if not self._keys:
@@ -23,11 +27,11 @@ class Authenticator:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-        token = token.strip()
-        # Compare against every key in constant time so timing does not leak which prefix matched.
+        digest = hashlib.sha256(token.strip().encode()).hexdigest().encode()
+        # Compare against every digest in constant time so timing does not leak which one matched.
         found = ANONYMOUS
         for key, name in self._keys.items():
-            if hmac.compare_digest(key.encode(), token.encode()):
+            if hmac.compare_digest(key.encode(), digest):
                 found = name
         if not found:
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")

@@ -31,7 +31,6 @@ from backends.pools import NoHealthyWorker
 from router.api.auth import Authenticator
 from router.api.http import json_response, parse_model, read_body
 from router.dialects.deltas import TextDelta, Usage
-from router.dialects.harmony import render_prompt
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import NoCapacity, UpstreamError
 from router.protocol.ids import new_id
@@ -219,15 +218,5 @@ class _Fixed:
 
 
 def _harmony_count(run: ResponseRun, req: CreateResponse, items: list[Item]) -> int:
-    """Exactly what HarmonyTurn.request renders (router/dialects/harmony_turn.py)."""
-    tools = run.tools
-    offered = tools.offered if tools.choice.mode != "none" else []
-    functions = [
-        {"type": "function", "name": t.engine_name, "description": t.description or "", "parameters": t.parameters}
-        for t in offered if t.kind in ("function", "custom", "mcp")
-    ]
-    builtins = [name for kind, name in (("web_search", "browser"), ("code_interpreter", "python"))
-                if any(t.kind == kind for t in offered)]
-    ids = render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
-                        reasoning_effort=(req.reasoning or {}).get("effort"), encoding=run.route.harmony)
-    return len(ids)
+    """Exactly what a harmony turn would render for these items."""
+    return len(run.route.turn(req, run.tools, "count").prompt_ids(items))  # type: ignore[attr-defined]

@@ -38,6 +38,15 @@ class HarmonyTurn:
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
+        ids = self.prompt_ids(items)
+        self._prompt_tokens = len(ids)
+        return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
+                                stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
+                                top_p=req.top_p, stream=stream, request_id=self._request_id)
+
+    def prompt_ids(self, items: list[Item]) -> list[int]:
+        """The prompt tokens for ``items`` (also what input_tokens counts)."""
+        req = self._req
         offered = self._tools.offered if self._tools.choice.mode != "none" else []
         functions = [
             {"type": "function", "name": t.engine_name, "description": t.description or "", "parameters": t.parameters}
@@ -46,12 +55,8 @@ class HarmonyTurn:
         # gpt-oss knows its own browser and python tools; the router runs them through its backends.
         builtins = [name for kind, name in (("web_search", "browser"), ("code_interpreter", "python"))
                     if any(t.kind == kind for t in offered)]
-        ids = render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
-                            reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
-        self._prompt_tokens = len(ids)
-        return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
-                                stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
-                                top_p=req.top_p, stream=stream, request_id=self._request_id)
+        return render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
+                             reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
 
     def _max_tokens(self, prompt: int) -> int | None:
         """The pool's context minus the prompt, capped by max_output_tokens."""
