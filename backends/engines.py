@@ -74,6 +74,27 @@ def is_context_overflow(status: int, message: str) -> bool:
 GENERATE_PATH = {"vllm": "/inference/v1/generate", "sglang": "/generate", "sim": "/inference/v1/generate"}
 
 
+# vLLM without --enable-scale-out has no generate endpoint; its completions endpoint takes
+# token ids too and, with return_token_ids, answers with them (same frame shape).
+COMPLETIONS_FALLBACK_PATH = "/v1/completions"
+
+
+def completions_request(model: str, token_ids: list[int], *, max_tokens: int | None, stop_token_ids: list[int],
+                        temperature: float | None, top_p: float | None, stream: bool, request_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "prompt": token_ids, "stop_token_ids": stop_token_ids,
+                            "skip_special_tokens": False, "return_token_ids": True, "stream": stream,
+                            "request_id": request_id}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    if top_p is not None:
+        body["top_p"] = top_p
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
 def generate_request(engine: str, token_ids: list[int], *, max_tokens: int | None, stop_token_ids: list[int],
                      temperature: float | None, top_p: float | None, stream: bool, request_id: str) -> dict[str, Any]:
     sampling: dict[str, Any] = {"stop_token_ids": stop_token_ids, "skip_special_tokens": False}

@@ -58,6 +58,7 @@ class Pool:
     workers: list[Worker] = field(default_factory=list)
     max_model_len: int | None = None  # from config, else from the workers' /v1/models
     affinity: Any = None  # a policies.affinity.Affinity, for pools whose policy is affinity
+    no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
 

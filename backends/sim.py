@@ -57,6 +57,7 @@ class SimConfig:
     dialect: str = "chat"  # harmony: gpt-oss token-level generate APIs (backends/sim_harmony.py)
     harmony_vocab_dir: str | None = None
     incremental_streaming_output: bool = False  # SGLang's flag: /generate streams deltas
+    no_scale_out: bool = False  # vLLM without --enable-scale-out: no /inference/v1/generate
 
     @property
     def reasoning_key(self) -> str:
@@ -443,6 +444,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--dialect", choices=("chat", "harmony"), default="chat",
                    help="harmony: gpt-oss token-level generate endpoints (backends/sim_harmony.py)")
     p.add_argument("--harmony-vocab-dir", help="folder with o200k_base.tiktoken (harmony)")
+    p.add_argument("--no-scale-out", action="store_true",
+                   help="vLLM started without --enable-scale-out: /inference/v1/generate answers 404")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="SGLang: /generate streams deltas instead of cumulative text/output_ids")
     return SimConfig(**vars(p.parse_args(argv)))

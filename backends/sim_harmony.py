@@ -442,7 +442,8 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
         for path in ("/server_info", "/get_server_info"):
             app.router.add_get(path, sglang_server_info)
     else:
-        for path in ("/inference/v1/generate", "/v1/completions"):
+        paths = ("/v1/completions",) if cfg.no_scale_out else ("/inference/v1/generate", "/v1/completions")
+        for path in paths:
             app.router.add_post(path, vllm_generate)
         for path in ("/abort_requests", "/inference/v1/abort_requests"):
             app.router.add_post(path, abort)

@@ -19,11 +19,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False) -> str:
+def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False, scale_out: bool = True) -> str:
     first, last = free_range()
     args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
     if incremental:
         args.append("--incremental-streaming-output")
+    if not scale_out:
+        args.append("--no-scale-out")
     command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}", *args]
     return f"""
 [[pools]]
@@ -50,8 +52,10 @@ def harmony_router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path
         + harmony_pool("oss-vllm", "vllm", harmony_vocab)
         + harmony_pool("oss-sglang", "sglang", harmony_vocab)
         + harmony_pool("oss-sglang-inc", "sglang", harmony_vocab, incremental=True)
+        + harmony_pool("oss-vllm-completions", "vllm", harmony_vocab, scale_out=False)
         + sim_pool_toml(name="chat", replicas=1)
-        + "".join(f'\n[[models]]\nname = "{m}"\npool = "{m}"\n' for m in ("oss-vllm", "oss-sglang", "oss-sglang-inc", "chat"))
+        + "".join(f'\n[[models]]\nname = "{m}"\npool = "{m}"\n'
+                  for m in ("oss-vllm", "oss-sglang", "oss-sglang-inc", "oss-vllm-completions", "chat"))
     )
     proc = start_router(tmp_path_factory.mktemp("harmony"), body)
     yield proc
@@ -63,7 +67,7 @@ def oss(harmony_router: RouterProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=harmony_router.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
-ENGINES = ["oss-vllm", "oss-sglang", "oss-sglang-inc"]
+ENGINES = ["oss-vllm", "oss-sglang", "oss-sglang-inc", "oss-vllm-completions"]
 
 
 @pytest.mark.parametrize("model", ENGINES)
@@ -129,3 +133,9 @@ def test_builtin_recipient_without_a_backend(oss: openai.OpenAI) -> None:
     response = oss.responses.create(model="oss-vllm", input="search [sim:builtin=browser.search]")
     assert response.status == "incomplete"
     assert response.incomplete_details.reason == "tool_not_available"
+
+
+def test_logprobs_are_refused_on_harmony(oss: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        oss.responses.create(model="oss-vllm", input="x", top_logprobs=2)
+    assert err.value.body["param"] == "top_logprobs"

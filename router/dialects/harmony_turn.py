@@ -11,7 +11,14 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from backends.engines import GENERATE_PATH, GenerateReader, GenerateStep, generate_request
+from backends.engines import (
+    COMPLETIONS_FALLBACK_PATH,
+    GENERATE_PATH,
+    GenerateReader,
+    GenerateStep,
+    completions_request,
+    generate_request,
+)
 from router.dialects.deltas import Delta, Usage
 from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
 from router.protocol.errors import InvalidRequest
@@ -22,8 +29,9 @@ from router.protocol.tools import ToolSet
 
 class HarmonyTurn:
     def __init__(self, req: CreateResponse, tools: ToolSet, encoding: HarmonyEncoding, *, engine: str,
-                 context_length: int | None, request_id: str) -> None:
-        self.path = GENERATE_PATH[engine]
+                 context_length: int | None, request_id: str, model: str = "", use_completions: bool = False) -> None:
+        self.path = COMPLETIONS_FALLBACK_PATH if use_completions else GENERATE_PATH[engine]
+        self.model = model
         self._req = req
         self._tools = tools
         self._encoding = encoding
@@ -40,9 +48,20 @@ class HarmonyTurn:
         req = self._req
         ids = self.prompt_ids(items)
         self._prompt_tokens = len(ids)
+        build = completions_request if self.path == COMPLETIONS_FALLBACK_PATH else None
+        if build is not None:
+            return build(self.model, ids, max_tokens=self._max_tokens(len(ids)), stop_token_ids=stop_token_ids(self._encoding),
+                         temperature=req.temperature, top_p=req.top_p, stream=stream, request_id=self._request_id)
         return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
                                 stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
                                 top_p=req.top_p, stream=stream, request_id=self._request_id)
+
+    def fallback(self) -> bool:
+        """The generate endpoint is missing (404): use vLLM's completions endpoint instead, once."""
+        if self._engine != "vllm" or self.path == COMPLETIONS_FALLBACK_PATH:
+            return False
+        self.path = COMPLETIONS_FALLBACK_PATH
+        return True
 
     def prompt_ids(self, items: list[Item]) -> list[int]:
         """The prompt tokens for ``items`` (also what input_tokens counts)."""

@@ -57,6 +57,9 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     if conversation_id is not None:
         response["conversation"] = {"id": conversation_id}
     routing = await _routing(target, req, store, owner, conversation_id, response["id"], prompt_items, metrics)
+    if routing.route.dialect == "harmony" and (req.top_logprobs or "message.output_text.logprobs" in (req.include or ())):
+        raise InvalidRequest("logprobs are not available for this model (it is served through harmony token ids)",
+                             param="top_logprobs", code="unsupported_parameter")
     return ResponseRun(
         req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,

@@ -50,6 +50,10 @@ class Upstream:
                     return await self._send(lambda url: client.open_sse(url, body), turn.path, release=False), items
                 return await self._send(lambda url: client.post_json(url, body), turn.path, release=True), items
             except WorkerHTTPError as exc:
+                if exc.status == 404 and getattr(turn, "fallback", None) is not None and turn.fallback():  # type: ignore[attr-defined]
+                    log.warning("pool %s: no token-level generate endpoint, using %s", self.pool.name, turn.path)
+                    self.pool.no_generate = True
+                    continue
                 if self.truncate and is_context_overflow(exc.status, exc.message):
                     shorter = drop_oldest_turn(items)
                     if shorter is not None:
