@@ -160,11 +160,16 @@ def test_web_search(client: openai.OpenAI, servers: dict[str, Any]) -> None:
     assert call.status == "completed" and call.action.type == "search" and call.action.query
     assert response.output_text.startswith("tool said: [1] Page one\nhttp://127.0.0.1:")
     assert servers["search"].hits["/search"] >= 1
+    citations = response.output[1].content[0].annotations
+    assert citations and citations[0].type == "url_citation" and citations[0].title == "Page one"
+    text = response.output_text
+    assert text[citations[0].start_index:citations[0].end_index] == citations[0].url
     events = [e.model_dump() for e in client.responses.create(
         model=MODEL, input="look up fish [sim:call=web_search]", tools=[{"type": "web_search"}], stream=True)]
     check_stream(events)
     kinds = [e["type"] for e in events]
     assert kinds.index("response.web_search_call.searching") < kinds.index("response.web_search_call.completed")
+    assert kinds.index("response.output_text.annotation.added") < kinds.index("response.output_text.done")
 
 
 def test_code_interpreter(client: openai.OpenAI) -> None:

@@ -114,7 +114,7 @@ class RouterTools:
             except Exception as exc:  # noqa: BLE001
                 return CallOutcome(f"search failed: {exc}", error={"message": str(exc)})
             text = "\n\n".join(f"[{i + 1}] {r.title}\n{r.url}\n{r.snippet}" for i, r in enumerate(results)) or "no results"
-            return CallOutcome(text, sources=[{"type": "url", "url": r.url} for r in results])
+            return CallOutcome(text, sources=[{"type": "url", "url": r.url, "title": r.title} for r in results])
         code = str(arguments.get("code", ""))
         result = await self.interpreter.run(code, container or "default")
         logs = "\n".join(o.get("logs", "") for o in result.outputs if o.get("type") == "logs")

@@ -41,6 +41,7 @@ class Assembler:
         self._open: MessageItem | ReasoningItem | None = None  # the open text-like item
         self._calls: dict[int, Any] = {}  # open tool calls of this turn, by delta index
         self.last_turn_calls: list[Any] = []
+        self.sources: dict[str, str] = {}  # url -> title, from this response's web searches (for citations)
         self._container: str | None = None  # the calls of the last closed turn (client and router ones)
         self._cut = False  # the engine stopped on the token budget
         self._turn_usage: Usage | None = None

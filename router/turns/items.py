@@ -18,6 +18,7 @@ Event = dict[str, Any]
 
 class Sink(Protocol):
     output: list[dict[str, Any]]
+    sources: dict[str, str]  # url -> title of pages a web search returned in this response
 
     def event(self, event: Event) -> Event: ...
 
@@ -102,6 +103,10 @@ class MessageItem(OpenItem):
         base = self._base(self._part_index)
         if self._kind == "output_text":
             part["text"] = text
+            for annotation in _citations(text, self.sink.sources):
+                part["annotations"].append(annotation)
+                events.append(self.sink.event({"type": "response.output_text.annotation.added", **base,
+                                               "annotation_index": len(part["annotations"]) - 1, "annotation": annotation}))
             events.append(self.sink.event({"type": "response.output_text.done", **base, "text": text, "logprobs": part["logprobs"]}))
         else:
             part["refusal"] = text
@@ -223,3 +228,14 @@ def _custom_input(arguments: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return value["input"]
     return arguments
+
+
+def _citations(text: str, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """``url_citation`` annotations where the answer quotes a URL a web search of this response returned."""
+    found = []
+    for url, title in sources.items():
+        start = text.find(url)
+        while start >= 0:
+            found.append({"type": "url_citation", "url": url, "title": title, "start_index": start, "end_index": start + len(url)})
+            start = text.find(url, start + len(url))
+    return sorted(found, key=lambda a: a["start_index"])

@@ -195,7 +195,10 @@ class ResponseRun:
         events: list[Event] = []
         by_id: dict[str, str] = {}
         for call, outcome in zip(calls, outcomes):
-            call.finish(events, output=outcome.output, error=outcome.error, outputs=outcome.outputs, sources=outcome.sources)
+            sources = [{"type": "url", "url": s["url"]} for s in outcome.sources or ()] if outcome.sources is not None else None
+            call.finish(events, output=outcome.output, error=outcome.error, outputs=outcome.outputs, sources=sources)
+            for source in outcome.sources or ():
+                self._assembler.sources[source["url"]] = source.get("title") or source["url"]
             by_id[call.item["id"]] = outcome.prompt_text
         self._tool_calls_run += len(calls)
         for item in self._assembler.output[turn_start:]:
