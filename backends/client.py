@@ -44,6 +44,14 @@ class WorkerStreamBroken(WorkerError):
     """The answer started and then broke off (connection lost, read timeout, bad frame)."""
 
 
+class WorkerStreamError(WorkerStreamBroken):
+    """The worker said so itself, after its 200: a ``data: {"error": ...}`` frame (vLLM, SGLang)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class WorkerClient:
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
@@ -171,7 +179,12 @@ class SSEStream:
                         if batch:
                             yield batch
                         return
-                    batch.append(orjson.loads(payload))
+                    frame = orjson.loads(payload)
+                    if type(frame) is dict and "error" in frame and "choices" not in frame:
+                        if batch:
+                            yield batch
+                        raise WorkerStreamError(_error_message(frame["error"]))
+                    batch.append(frame)
                 if batch:
                     yield batch
         except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as exc:
@@ -197,6 +210,12 @@ def _data(frame: bytes) -> bytes | None:
     if not lines:
         return None
     return lines[0].rstrip(b"\r") if len(lines) == 1 else b"\n".join(line.rstrip(b"\r") for line in lines)
+
+
+def _error_message(error: Any) -> str:
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return str(error)[:500]
 
 
 def _decode(raw: bytes) -> Any:

@@ -162,6 +162,8 @@ def _vllm_step(frame: dict[str, Any]) -> GenerateStep:
     for choice in frame.get("choices") or ():
         ids.extend(choice.get("token_ids") or ())
         reason = choice.get("finish_reason")
+        if reason == "abort":  # vLLM gave up on the request (it was not us: we close the stream to cancel)
+            raise ValueError("the worker aborted the request")
         if reason:
             finish = "length" if reason == "length" else "stop"
     usage = frame.get("usage") or {}

@@ -64,6 +64,14 @@ class RouterProcess:
         return self.proc.returncode
 
 
+def _die_with_pytest() -> None:
+    """A router started by a test dies with the test process, however that ends (its workers follow)."""
+    import ctypes
+    import signal as _signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, _signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def sim_pool_toml(*, name: str = "sim", model: str = "sim-model", replicas: int = 2, extra_args: str = "[]") -> str:
     first, last = free_range()
     return f"""
@@ -91,6 +99,7 @@ def start_router(tmp: Path, body: str, *, server: str = "", store: str = '[store
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "--config", str(config)],
         cwd=ROOT, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=_die_with_pytest,
     )
     router = RouterProcess(proc, port, tmp, log_path)
     if wait:

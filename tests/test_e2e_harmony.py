@@ -139,3 +139,13 @@ def test_logprobs_are_refused_on_harmony(oss: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         oss.responses.create(model="oss-vllm", input="x", top_logprobs=2)
     assert err.value.body["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize("model", ["oss-vllm", "oss-sglang"])
+def test_an_error_frame_after_the_200_fails_the_response(oss: openai.OpenAI, model: str) -> None:
+    """Engines report some failures inside the stream (`data: {"error": ...}`): never a clean finish."""
+    events = [e.model_dump() for e in oss.responses.create(model=model, input="x [sim:error_after=3]", stream=True)]
+    final = check_stream(events)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert final["error"]["code"] == "upstream_error" and "simulated" in final["error"]["message"].lower()
+    assert oss.responses.retrieve(final["id"]).status == "failed"

@@ -251,6 +251,8 @@ class ChatTurn:
         for choice in chunk.get("choices") or ():
             self._message(choice.get("delta") or {}, choice.get("logprobs"), out)
             reason = choice.get("finish_reason")
+            if reason == "abort":  # the engine gave up on the request: not an answer
+                raise ValueError("the worker aborted the request")
             if reason:
                 self._flush(out)
                 out.append(Finish(_finish(reason)))

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.client import SSEStream, WorkerStreamBroken
+from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, UpstreamError
 from router.protocol.items import Item
@@ -148,8 +148,12 @@ class ResponseRun:
                         yield events
                 except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
                     log.warning("pool %s: stream from %s broke: %s", self.route.pool.name, self._upstream.worker_url, exc)
-                    yield await self._fail(UpstreamError("the worker's stream broke off before the response was complete",
-                                                         code="upstream_stream_broken"))
+                    if isinstance(exc, WorkerStreamError):
+                        error = UpstreamError(f"the worker failed: {exc.message}", code="upstream_error")
+                    else:
+                        error = UpstreamError("the worker's stream broke off before the response was complete",
+                                              code="upstream_stream_broken")
+                    yield await self._fail(error)
                     return
                 calls = [c for c in asm.last_turn_calls if isinstance(c, RouterCallItem) and c.pending]
                 ends = any(not isinstance(c, RouterCallItem) for c in asm.last_turn_calls)  # client calls, approvals
