@@ -47,3 +47,30 @@ def failed_body(body: bytes, error: dict[str, Any]) -> bytes:
     response["status"] = "failed"
     response["error"] = error
     return orjson.dumps(response)
+
+
+def sqlite_page(conn: Any, table: str, where: str, params: tuple[Any, ...], *, after: str | None, limit: int,
+                order: str) -> Any:
+    """A page of position-ordered items of one owner object (SQLite), strictly after item ``after``.
+
+    ``where`` selects the object's rows in ``table`` (with ``params``). Raises
+    KeyError(after) for an id that is not among them.
+    """
+    from router.state.store import ItemPage
+
+    cmp, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+    if after is None:
+        bound = -1 if order == "asc" else 2**62
+    else:
+        row = conn.execute(
+            f"SELECT position FROM {table} WHERE {where} AND item_id = ? ORDER BY position {direction} LIMIT 1",
+            (*params, after),
+        ).fetchone()
+        if row is None:
+            raise KeyError(after)
+        bound = row[0]
+    rows = conn.execute(
+        f"SELECT body FROM {table} WHERE {where} AND position {cmp} ? ORDER BY position {direction} LIMIT ?",
+        (*params, bound, limit + 1),
+    ).fetchall()
+    return ItemPage(data=[orjson.loads(body) for (body,) in rows[:limit]], has_more=len(rows) > limit)

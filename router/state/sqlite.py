@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from router.state.common import check_page, item_id
+from router.state.common import check_page, item_id, sqlite_page
 from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.store import Item, ItemPage, Order, StoredResponse
@@ -417,26 +417,10 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             known = conn.execute(sql, {"id": response_id, "owner": owner, "now": now})
             if known.fetchone() is None:
                 return None
-            cmp, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
-            if after is None:
-                bound = -1 if order == "asc" else 2**62
-            else:
-                row = conn.execute(
-                    f"SELECT position FROM items WHERE response_id = ? AND kind = {INPUT} AND item_id = ?"
-                    f" ORDER BY position {direction} LIMIT 1",
-                    (response_id, after),
-                ).fetchone()
-                if row is None:
-                    raise KeyError(after)
-                bound = row[0]
-            rows = conn.execute(
-                f"SELECT body FROM items WHERE response_id = ? AND kind = {INPUT} AND position {cmp} ?"
-                f" ORDER BY position {direction} LIMIT ?",
-                (response_id, bound, limit + 1),
-            ).fetchall()
+            return sqlite_page(conn, "items", f"response_id = ? AND kind = {INPUT}", (response_id,),
+                               after=after, limit=limit, order=order)
         finally:
             conn.execute("COMMIT")
-        return ItemPage(data=[orjson.loads(body) for (body,) in rows[:limit]], has_more=len(rows) > limit)
 
     async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
         """Record where a stored response was served (ignored when the response is not stored)."""

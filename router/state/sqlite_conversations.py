@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from router.state.common import check_page, encode_items
+from router.state.common import check_page, encode_items, sqlite_page
 from router.state.store import Conversation, Item, ItemPage, Order
 
 T = TypeVar("T")
@@ -140,26 +140,10 @@ class SQLiteConversations:
         try:
             if conn.execute("SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)).fetchone() is None:
                 return None
-            cmp, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
-            if after is None:
-                bound = -1 if order == "asc" else 2**62
-            else:
-                row = conn.execute(
-                    "SELECT position FROM conversation_items WHERE conversation_id = ? AND item_id = ?"
-                    f" ORDER BY position {direction} LIMIT 1",
-                    (conversation_id, after),
-                ).fetchone()
-                if row is None:
-                    raise KeyError(after)
-                bound = row[0]
-            rows = conn.execute(
-                f"SELECT body FROM conversation_items WHERE conversation_id = ? AND position {cmp} ?"
-                f" ORDER BY position {direction} LIMIT ?",
-                (conversation_id, bound, limit + 1),
-            ).fetchall()
+            return sqlite_page(conn, "conversation_items", "conversation_id = ?", (conversation_id,),
+                               after=after, limit=limit, order=order)
         finally:
             conn.execute("COMMIT")
-        return ItemPage(data=[orjson.loads(body) for (body,) in rows[:limit]], has_more=len(rows) > limit)
 
     async def get_conversation_item(self, conversation_id: str, owner: str, item_id: str) -> Item | None:
         """The item with this id (the last one, should the id be there twice); None when unknown."""
