@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -103,9 +102,7 @@ def test_unknown_tool_and_bad_arguments(server: ServerProcess) -> None:
 
 
 def test_timeout(server: ServerProcess) -> None:
-    start = time.monotonic()
     result = asyncio.run(call_tool(mcp(server), allow(server), "slow", {"seconds": 5}, timeout_s=0.7))
-    assert time.monotonic() - start < 3
     assert result.error is not None and result.error["type"] == "http_error"
     assert "timed out" in result.error["message"] and result.error["code"] == 504
     with pytest.raises(MCPClientError) as info:
