@@ -149,3 +149,25 @@ def test_an_error_frame_after_the_200_fails_the_response(oss: openai.OpenAI, mod
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert final["error"]["code"] == "upstream_error" and "simulated" in final["error"]["message"].lower()
     assert oss.responses.retrieve(final["id"]).status == "failed"
+
+
+def test_encrypted_reasoning_in_a_stateless_tool_loop(oss: openai.OpenAI) -> None:
+    prompt = "weather? [sim:reason=5] [sim:call=get_weather]"
+    first = oss.responses.create(model="oss-vllm", input=prompt, tools=[WEATHER], store=False,
+                                 include=["reasoning.encrypted_content"])
+    reasoning = next(i for i in first.output if i.type == "reasoning")
+    call = next(i for i in first.output if i.type == "function_call")
+    assert reasoning.encrypted_content and reasoning.content[0].text not in reasoning.encrypted_content
+    user = [{"role": "user", "content": prompt}]
+    tail = [call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    blob = {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}
+    # The analysis of a tool loop in progress is kept in the prompt: opening the blob adds its tokens.
+    with_reasoning = oss.responses.input_tokens.count(model="oss-vllm", input=[*user, blob, *tail], tools=[WEATHER])
+    without = oss.responses.input_tokens.count(model="oss-vllm", input=[*user, *tail], tools=[WEATHER])
+    assert with_reasoning.input_tokens > without.input_tokens
+    second = oss.responses.create(model="oss-vllm", input=[*user, blob, *tail], tools=[WEATHER], store=False)
+    assert second.status == "completed" and second.output_text.startswith("tool said: sunny")
+    blob["encrypted_content"] = reasoning.encrypted_content[::-1]
+    with pytest.raises(openai.BadRequestError) as err:
+        oss.responses.create(model="oss-vllm", input=[*user, blob, *tail], tools=[WEATHER], store=False)
+    assert err.value.body["code"] == "invalid_encrypted_content"

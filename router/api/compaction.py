@@ -91,11 +91,10 @@ class CompactionAPI:
         ]
 
     async def _prepare(self, req: CreateResponse, owner: str) -> tuple[ResponseRun, list[Item]]:
-        """The run a create would make, and its prompt with compaction items opened."""
+        """The run a create would make, and its prompt (compactions and encrypted reasoning opened by prepare)."""
         run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s,
-                            router_tools=self.router_tools)
-        first_input = len(run.prompt_items) - len(run.input_items)
-        return run, expand_compactions(run.prompt_items, self.sealer, owner, first_input=first_input)
+                            router_tools=self.router_tools, sealer=self.sealer)
+        return run, run.prompt_items
 
     # -- compact -----------------------------------------------------------------------
 
