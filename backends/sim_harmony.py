@@ -117,9 +117,8 @@ def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int) -> lis
              + orjson.dumps(info.functions.get(name, {})).decode()
              for name in filter(None, (markers.get("call") or "").split(","))]
     query = re.sub(r"\[sim:[^\]]*\]", "", info.user_text).strip() or "sim"
-    calls += [f"<|channel|>analysis to={name} code<|message|>" + (  # gpt-oss's built-in form
-        "print(1 + 1)" if name == "python" else orjson.dumps({"query": query, "topn": 10}).decode())
-        for name in filter(None, (markers.get("builtin") or "").split(","))]
+    calls += [f"<|channel|>analysis to={name} code<|message|>" + _builtin_args(name, query)  # gpt-oss's built-in form
+              for name in filter(None, (markers.get("builtin") or "").split(","))]
     if calls:
         msgs += [c + "<|end|>" for c in calls[:-1]] + [calls[-1] + "<|call|>"]
     elif info.tool_output is None:
@@ -448,3 +447,14 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
         for path in ("/abort_requests", "/inference/v1/abort_requests"):
             app.router.add_post(path, abort)
     return sim
+
+
+def _builtin_args(name: str, query: str) -> str:
+    """What gpt-oss sends its own tools: code for python, JSON for the browser's search/open/find."""
+    if name == "python":
+        return "print(1 + 1)"
+    if name == "browser.open":
+        return orjson.dumps({"id": 0}).decode()  # the first link of the last search
+    if name == "browser.find":
+        return orjson.dumps({"pattern": query.split()[0] if query else "sim"}).decode()
+    return orjson.dumps({"query": query, "topn": 10}).decode()

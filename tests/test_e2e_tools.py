@@ -201,6 +201,15 @@ def test_harmony_builtin_tools_run_on_the_router(client: openai.OpenAI) -> None:
     search = client.responses.create(model="oss", input="find [sim:builtin=browser.search]", tools=[{"type": "web_search"}])
     assert [t for t in types(search) if t != "reasoning"] == ["web_search_call", "message"]
     assert search.output_text.startswith("tool said: [1] Page one")
+    opened = client.responses.create(model="oss", input="open it [sim:builtin=browser.open]", tools=[{"type": "web_search"}],
+                                     previous_response_id=search.id)
+    page = next(i for i in opened.output if i.type == "web_search_call")
+    assert page.action.type == "open_page" and page.action.url.endswith("/page/1")
+    assert opened.output_text.startswith(f"tool said: {page.action.url}")
+    found = client.responses.create(model="oss", input="fish [sim:builtin=browser.find]", tools=[{"type": "web_search"}],
+                                    previous_response_id=opened.id)
+    hit = next(i for i in found.output if i.type == "web_search_call")
+    assert hit.action.type == "find" and hit.action.pattern == "fish" and "fish" in found.output_text.lower()
     code = client.responses.create(model="oss", input="compute [sim:builtin=python]",
                                    tools=[{"type": "code_interpreter", "container": "auto"}], include=["code_interpreter_call.outputs"])
     call = next(i for i in code.output if i.type == "code_interpreter_call")

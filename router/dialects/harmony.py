@@ -163,8 +163,14 @@ def _router_call(item: Item) -> list[Message]:
         call, content_type = item.get("arguments") or "{}", _JSON
         result = item.get("_output") or item.get("output") or json.dumps(item.get("error") or "")
     elif kind == "web_search_call":
-        recipient = "browser.search"
-        call, content_type = json.dumps({"query": (item.get("action") or {}).get("query", "")}), _JSON
+        action = item.get("action") or {}
+        if action.get("type") == "open_page":
+            recipient, call = "browser.open", json.dumps({"id": action.get("url")})
+        elif action.get("type") == "find":
+            recipient, call = "browser.find", json.dumps({"pattern": action.get("pattern", "")})
+        else:
+            recipient, call = "browser.search", json.dumps({"query": action.get("query", "")})
+        content_type = _JSON
         result = item.get("_output") or "(results not kept)"
     else:
         recipient = "python"

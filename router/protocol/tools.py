@@ -114,6 +114,10 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
                                         "Search the web. Returns the top results with their URLs.",
                                         {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
                                         False, config=tool), alias="browser.search")
+            # gpt-oss's browser also opens a result and finds text in it: the same backend, not offered to chat models.
+            for action, recipient in (("open_page", "browser.open"), ("find", "browser.find")):
+                toolset.by_engine_name[recipient] = OfferedTool(recipient, "web_search", action, None, None, {}, False,
+                                                                config=tool)
         elif kind == "code_interpreter" and "code_interpreter" in runnable:
             _offer(toolset, OfferedTool("python", "code_interpreter", "python", None,
                                         "Run Python code in a sandbox; files persist in the container between calls.",

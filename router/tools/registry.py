@@ -100,13 +100,15 @@ class RouterTools:
             return [], {"type": "http_error", "code": 502, "message": f"could not list tools: {exc}"}
 
     async def run(self, kind: str, name: str, arguments: dict[str, Any], *, server: MCPServer | None = None,
-                  container: str | None = None) -> CallOutcome:
+                  container: str | None = None, browser: Browsing | None = None) -> CallOutcome:
         """Run one call; failures become the item's error and the model reads them, the response goes on."""
         if kind == "mcp":
             assert server is not None
             result = await call_tool(server, self.allowlist, name, arguments, timeout_s=self.mcp_timeout_s)
             text = result.output if result.error is None else f"error: {result.error.get('message') or result.error}"
             return CallOutcome(text or "", output=result.output, error=result.error)
+        if kind == "web_search" and name in ("open_page", "find"):
+            return await self._browse(name, arguments, browser or Browsing())
         if kind == "web_search":
             query = str(arguments.get("query", ""))
             try:
@@ -125,12 +127,48 @@ class RouterTools:
         return CallOutcome(logs.strip() or "(no output)", outputs=result.outputs)
 
 
-async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer]) -> list[CallOutcome]:
+    async def _browse(self, name: str, arguments: dict[str, Any], browser: Browsing) -> CallOutcome:
+        """gpt-oss's browser.open / browser.find on the search backend (only pages its results named)."""
+        target = arguments.get("id")
+        if name == "find":
+            url = browser.last_page
+        elif isinstance(target, str) and target.startswith(("http://", "https://")):
+            url = target
+        elif isinstance(target, int) and 0 <= target < len(browser.links):
+            url = browser.links[target]
+        else:
+            url = browser.links[0] if browser.links and target is None else None
+        if url is None:
+            return CallOutcome("error: no such page (search first, then open a result by its number)",
+                               error={"message": "no page to open"})
+        try:
+            text = await self.search.open_page(url)
+        except Exception as exc:  # noqa: BLE001 - the model reads the failure
+            return CallOutcome(f"error: could not open {url}: {exc}", output=url, error={"message": str(exc)})
+        browser.last_page = url
+        if name == "open_page":
+            return CallOutcome(f"{url}\n\n{text[:4000]}", output=url)
+        pattern = str(arguments.get("pattern", ""))
+        lines = [line for line in text.splitlines() if pattern and pattern.lower() in line.lower()]
+        return CallOutcome("\n".join(lines[:20]) or f"{pattern!r} not found in {url}", output=url)
+
+
+@dataclass(slots=True)
+class Browsing:
+    """One response's browser: the links its searches returned, in order, and the page it opened last."""
+
+    links: list[str] = field(default_factory=list)
+    last_page: str | None = None
+
+
+async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer],
+                          browser: Browsing | None = None) -> list[CallOutcome]:
     """Run independent calls of one turn concurrently; results come back in call order."""
 
     async def one(call: Any) -> CallOutcome:
         tool = call.tool
         server = servers.get(tool.server_label) if tool.kind == "mcp" else None
-        return await tools.run(tool.kind, tool.name, call.arguments, server=server, container=call.item.get("container_id"))
+        return await tools.run(tool.kind, tool.name, call.arguments, server=server, container=call.item.get("container_id"),
+                               browser=browser)
 
     return list(await asyncio.gather(*(one(c) for c in calls)))

@@ -24,7 +24,7 @@ from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 from router.state.store import Store, StoredResponse
-from router.tools.registry import RouterTools, gather_outcomes
+from router.tools.registry import Browsing, RouterTools, gather_outcomes
 from router.turns.assembler import Assembler, Event
 from router.turns.prelude import Prelude
 from router.turns.route import ModelRoute
@@ -63,6 +63,7 @@ class ResponseRun:
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     _tool_calls_run: int = 0
     _timer: Any = None
+    _browser: Browsing | None = None
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
@@ -195,7 +196,7 @@ class ResponseRun:
         """Run this turn's router calls; the model's turn and the results join the prompt."""
         assert self.router_tools is not None
         servers = self.prelude.servers if self.prelude is not None else {}
-        outcomes = await gather_outcomes(calls, self.router_tools, servers)
+        outcomes = await gather_outcomes(calls, self.router_tools, servers, self._browsing())
         events: list[Event] = []
         by_id: dict[str, str] = {}
         for call, outcome in zip(calls, outcomes):
@@ -209,6 +210,21 @@ class ResponseRun:
             text = by_id.get(item["id"])
             self.prompt_items.append({**item, "_output": text} if text is not None else item)
         return events
+
+    def _browsing(self) -> Browsing:
+        """The links earlier searches of this conversation returned (newest search first), for browser.open."""
+        if self._browser is None:
+            self._browser = Browsing()
+            for item in reversed(self.prompt_items):
+                if item.get("type") == "web_search_call":
+                    sources = (item.get("action") or {}).get("sources") or []
+                    if sources and not self._browser.links:
+                        self._browser.links = [s["url"] for s in sources if isinstance(s, dict) and "url" in s]
+                    if self._browser.last_page is None and (item.get("action") or {}).get("type") == "open_page":
+                        self._browser.last_page = (item.get("action") or {}).get("url")
+        if self._assembler.sources:  # this response's own search wins
+            self._browser.links = list(self._assembler.sources)
+        return self._browser
 
     @property
     def _max_turns(self) -> int:

@@ -21,6 +21,7 @@ _PREFIX = {"mcp": "mcp", "web_search": "ws", "code_interpreter": "ci"}
 class RouterCallItem(OpenItem):
     def __init__(self, sink: Sink, index: int, kind: str, name: str, server_label: str | None, container: str | None) -> None:
         self.kind = kind
+        self.item_name = name  # for web_search: search, open_page or find
         if kind == "mcp":
             item: dict[str, Any] = {"id": new_id("mcp"), "type": "mcp_call", "status": "in_progress", "server_label": server_label,
                                     "name": name, "arguments": "", "output": None, "error": None, "approval_request_id": None}
@@ -61,7 +62,7 @@ class RouterCallItem(OpenItem):
             item["arguments"] = raw
             events.append(self.sink.event({"type": "response.mcp_call_arguments.done", **self._ids(), "arguments": raw}))
         elif self.kind == "web_search":
-            item["action"] = {"type": "search", "query": str(self.arguments.get("query", ""))}
+            item["action"] = _search_action(self.item_name, self.arguments)
         else:
             item["code"] = code = str(self.arguments.get("code", ""))
             events.append(self.sink.event({"type": "response.code_interpreter_call_code.delta", **self._ids(), "delta": code}))
@@ -89,6 +90,8 @@ class RouterCallItem(OpenItem):
             item["outputs"] = outputs
         elif sources is not None:
             item["action"]["sources"] = sources
+        elif self.kind == "web_search" and output is not None and item["action"]["type"] != "search":
+            item["action"]["url"] = output  # open_page / find: the page it read
         failed = error is not None
         events.append(self._event(".failed" if failed and self.kind == "mcp" else ".completed"))
         self._done(events, "failed" if failed else "completed")
@@ -102,6 +105,15 @@ class RouterCallItem(OpenItem):
 
     def _event(self, suffix: str) -> Event:
         return self.sink.event({"type": self._event_prefix + suffix, **self._ids()})
+
+
+def _search_action(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The web_search_call ``action`` for what the model asked: search, open_page or find."""
+    if name == "open_page":
+        return {"type": "open_page", "url": arguments.get("id") if isinstance(arguments.get("id"), str) else None}
+    if name == "find":
+        return {"type": "find", "pattern": str(arguments.get("pattern", "")), "url": None}
+    return {"type": "search", "query": str(arguments.get("query", ""))}
 
 
 class ApprovalRequestItem(OpenItem):
