@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,24 @@ class Worker:
     healthy: bool = False
     last_error: str | None = None
     served: int = 0
+    health_failures: int = 0  # consecutive failed health checks
+    waiting: float = 0.0  # requests queued inside the engine, when its metrics are scraped
     process: Any = None  # the launcher's ManagedWorker, for managed pools
+    # Circuit breaker: consecutive failed calls (5xx, lost connections); open = not routed to until open_until.
+    failures: int = 0
+    open_until: float = 0.0
+    opened: int = 0  # how often it opened in a row (the cool-down doubles each time)
+
+    @property
+    def circuit(self) -> str:
+        if self.failures < CIRCUIT_FAILURES:
+            return "closed"
+        return "open" if time.monotonic() < self.open_until else "half_open"
+
+    @property
+    def load(self) -> float:
+        """What balancing compares: our in-flight requests plus the engine's own queue."""
+        return self.in_flight + self.waiting
 
     def describe(self) -> dict[str, Any]:
         out = {
@@ -37,10 +55,20 @@ class Worker:
             "in_flight": self.in_flight,
             "served": self.served,
             "last_error": self.last_error,
+            "circuit": self.circuit,
         }
         if self.process is not None:
             out["process"] = self.process.describe()
         return out
+
+
+HEALTH_TIMEOUT_S = 5.0
+HEALTH_FAILURES_TO_MARK_DOWN = 3
+# A worker whose calls failed this many times in a row is not routed to for a cool-down
+# (5 s, doubling up to 60 s while it keeps failing); then one request tries it again.
+CIRCUIT_FAILURES = 5
+CIRCUIT_COOLDOWN_S = 5.0
+CIRCUIT_COOLDOWN_MAX_S = 60.0
 
 
 class NoHealthyWorker(Exception):
@@ -108,7 +136,8 @@ class Pool:
         ``preferred`` (the worker that served the previous turn) and ``prefix_key``
         matter only to an affinity pool.
         """
-        candidates = [w for w in self.workers if w.healthy and w not in exclude]
+        now = time.monotonic()
+        candidates = [w for w in self.workers if w.healthy and w not in exclude and w.open_until <= now]
         if not candidates:
             raise NoHealthyWorker(f"pool {self.name!r} has no healthy worker")
         if self.affinity is None:
@@ -117,6 +146,24 @@ class Pool:
         if choice.why is not None:
             self.affinity_moves[choice.why] = self.affinity_moves.get(choice.why, 0) + 1
         return choice.candidate
+
+    def record_success(self, worker: Worker) -> None:
+        if worker.failures:
+            if worker.failures >= CIRCUIT_FAILURES:
+                log.info("pool %s: worker %s circuit closed", self.name, worker.url)
+            worker.failures = worker.opened = 0
+            worker.open_until = 0.0
+
+    def record_failure(self, worker: Worker, reason: str) -> None:
+        """A call failed on the worker's side (not the client's): count it towards opening the circuit."""
+        worker.failures += 1
+        worker.last_error = reason
+        if worker.failures >= CIRCUIT_FAILURES:
+            cooldown = min(CIRCUIT_COOLDOWN_MAX_S, CIRCUIT_COOLDOWN_S * 2**worker.opened)
+            worker.opened += 1
+            worker.open_until = time.monotonic() + cooldown
+            log.warning("pool %s: worker %s circuit open for %.0f s after %d failures: %s",
+                        self.name, worker.url, cooldown, worker.failures, reason)
 
     def mark_down(self, worker: Worker, reason: str) -> None:
         """A passive signal: a call could not reach the worker. The health loop brings it back."""
@@ -129,18 +176,26 @@ class Pool:
         await asyncio.gather(*(self._check(w) for w in self.workers))
 
     async def _check(self, worker: Worker) -> None:
+        """One failed check is not enough to stop routing (a busy worker can answer late); three in a row are.
+
+        A refused connection is different: passive signals from real calls mark a worker down at once.
+        """
         try:
-            status, _ = await self.client.get(worker.url + self.engine.health_path)
+            status, _ = await self.client.get(worker.url + self.engine.health_path, timeout_s=HEALTH_TIMEOUT_S)
+            reason = None if status == 200 else f"health check answered {status}"
         except WorkerUnavailable as exc:
-            self.mark_down(worker, f"health check failed: {exc}")
-            return
-        if status == 200:
+            reason = f"health check failed: {exc}"
+        if reason is None:
             if not worker.healthy:
                 log.info("pool %s: worker %s healthy", self.name, worker.url)
             worker.healthy = True
             worker.last_error = None
-        else:
-            self.mark_down(worker, f"health check answered {status}")
+            worker.health_failures = 0
+            return
+        worker.health_failures += 1
+        worker.last_error = reason
+        if worker.health_failures >= HEALTH_FAILURES_TO_MARK_DOWN or not worker.healthy:
+            self.mark_down(worker, reason)
 
     async def _health_loop(self) -> None:
         while True:

@@ -149,6 +149,7 @@ class ResponseRun:
                         yield events
                 except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
                     log.warning("pool %s: stream from %s broke: %s", self.route.pool.name, self._upstream.worker_url, exc)
+                    self._upstream.broke()
                     if isinstance(exc, WorkerStreamError):
                         error = UpstreamError(f"the worker failed: {exc.message}", code="upstream_error")
                     else:

@@ -7,7 +7,10 @@ loses its oldest turn and is sent again. Failures come out as APIError.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+import time
 from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerUnavailable
@@ -18,6 +21,9 @@ from router.protocol.errors import APIError, InvalidRequest, NoCapacity, Upstrea
 from router.protocol.items import Item
 
 log = logging.getLogger("router.turns")
+
+RETRY_ATTEMPTS = 3  # worker calls that may fail (5xx) before the client gets the error
+RETRY_DEADLINE_S = 30.0
 
 
 class Upstream:
@@ -65,11 +71,23 @@ class Upstream:
                 raise api_error(exc) from None
 
     async def _send(self, send: Any, path: str, *, release: bool) -> Any:
+        """Before the client has seen a byte, a failed call is tried again on another worker.
+
+        Unreachable workers are marked down; 429/503 are backpressure (another worker,
+        no fault counted); other 5xx count towards the worker's circuit breaker and are
+        retried after a short jittered pause, at most RETRY_ATTEMPTS calls within
+        RETRY_DEADLINE_S. A 4xx is the request's fault: no retry.
+        """
         tried: list[Worker] = []
+        last: WorkerHTTPError | None = None
+        failed = 0
+        deadline = time.monotonic() + RETRY_DEADLINE_S
         while True:
             try:
                 worker = self.pool.pick(exclude=tried, preferred=self.preferred, prefix_key=self.prefix_key)
             except NoHealthyWorker as exc:
+                if last is not None:
+                    raise last from None
                 raise NoCapacity(f"no worker can serve model '{self.model}' now: {exc}", code="no_healthy_worker") from None
             tried.append(worker)
             self._acquire(worker)
@@ -79,12 +97,30 @@ class Upstream:
                 self.pool.mark_down(worker, str(exc))
                 self.release()
                 continue
+            except WorkerHTTPError as exc:
+                self.release()
+                if exc.status < 500 and exc.status != 429:
+                    raise
+                last = exc
+                if exc.status not in (429, 503):
+                    self.pool.record_failure(worker, f"answered {exc.status}: {exc.message}")
+                    failed += 1
+                if failed >= RETRY_ATTEMPTS or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(random.uniform(0.02, 0.1) * failed)
+                continue
             except BaseException:
                 self.release()
                 raise
+            self.pool.record_success(worker)
             if release:
                 self.release()
             return result
+
+    def broke(self) -> None:
+        """The worker's stream broke after it started: a failure of the worker, for its circuit."""
+        if self.worker is not None:
+            self.pool.record_failure(self.worker, "stream broke off")
 
     def _acquire(self, worker: Worker) -> None:
         worker.in_flight += 1

@@ -1,0 +1,130 @@
+"""Before the first byte, a failing worker is retried elsewhere; 429/503 is backpressure; circuits open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from aiohttp import web
+
+from tests.procs import ROOT, RouterProcess, free_port, http_status, start_router
+
+pytestmark = pytest.mark.e2e
+
+
+class BadWorker:
+    """A worker that is healthy and lists the model, but answers every generation with ``status``."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.port = free_port()
+        self.calls = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "sim-model"}]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        return web.json_response({"error": {"message": "simulated", "type": "x", "param": None, "code": self.status}},
+                                 status=self.status)
+
+    def __enter__(self) -> BadWorker:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.fixture(scope="module")
+def good_sim() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "backends.sim", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while http_status(f"http://127.0.0.1:{port}/health") != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+
+
+def router_with(tmp: Path, bad: BadWorker, good: str) -> RouterProcess:
+    body = f"""
+[[pools]]
+name = "p"
+engine = "sim"
+model = "sim-model"
+policy = "round_robin"
+urls = ["http://127.0.0.1:{bad.port}", "{good}"]
+[[models]]
+name = "m"
+pool = "p"
+"""
+    return start_router(tmp, body)
+
+
+def worker_state(router: RouterProcess, port: int) -> dict:
+    with urllib.request.urlopen(router.base_url + "/health") as resp:
+        workers = json.loads(resp.read())["pools"][0]["workers"]
+    return next(w for w in workers if w["url"].endswith(f":{port}"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: Path, good_sim: str, stream: bool) -> None:
+    with BadWorker(500) as bad:
+        router = router_with(tmp_path, bad, good_sim)
+        try:
+            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+            for i in range(12):
+                if stream:
+                    with client.responses.stream(model="m", input=f"hi {i}") as s:
+                        assert s.get_final_response().status == "completed"
+                else:
+                    assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
+            state = worker_state(router, bad.port)
+            assert state["circuit"] == "open" and "500" in state["last_error"]
+            calls = bad.calls
+            assert calls >= 5
+            for i in range(5):  # while open, nothing is sent to it
+                client.responses.create(model="m", input=f"more {i}")
+            assert bad.calls == calls
+        finally:
+            assert router.stop() == 0
+
+
+def test_backpressure_goes_elsewhere_without_blame(tmp_path: Path, good_sim: str) -> None:
+    with BadWorker(429) as busy:
+        router = router_with(tmp_path, busy, good_sim)
+        try:
+            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+            for i in range(10):
+                assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
+            assert busy.calls >= 3
+            assert worker_state(router, busy.port)["circuit"] == "closed"  # 429 is not the worker's fault
+        finally:
+            assert router.stop() == 0
