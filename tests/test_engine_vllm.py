@@ -271,8 +271,12 @@ def test_background_cancel_stops_the_engine_request(client: openai.OpenAI, engin
     queued = client.responses.create(model=CHAT, input="A long background story", background=True,
                                       max_output_tokens=MAX_MODEL_LEN - 20)
     assert queued.status in ("queued", "in_progress")
-    _wait(lambda: _metrics(url)["vllm:num_requests_running"] >= 1, 30, "the engine running the background request",
-          interval=0.02)
+    def running() -> bool:
+        state = client.responses.retrieve(queued.id)
+        assert state.status in ("queued", "in_progress"), f"finished as {state.status} before it was cancelled: {state.error}"
+        return _metrics(url)["vllm:num_requests_running"] >= 1
+
+    _wait(running, 60, "the engine running the background request", interval=0.02)
     client.responses.cancel(queued.id)
     final = _wait(lambda: (r := client.responses.retrieve(queued.id)).status in ("cancelled", "completed", "incomplete",
                                                                                  "failed") and r, 30, "a final status")
