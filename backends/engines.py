@@ -56,6 +56,24 @@ def launch_command(engine: str, template: list[str], *, host: str, port: int, mo
     return [part.format(host=host, port=port, model=model) for part in parts] + list(extra)
 
 
+# The gauge that says how many requests wait inside the engine (its own queue), per engine.
+WAITING_METRIC = {"vllm": "vllm:num_requests_waiting", "sglang": "sglang:num_queue_reqs", "sim": "vllm:num_requests_waiting"}
+
+
+def waiting_requests(engine: str, metrics_text: str) -> float | None:
+    """The engine's queue length from its Prometheus text (summed over label sets), or None if absent."""
+    name = WAITING_METRIC.get(engine)
+    total, found = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):  # type: ignore[operator]
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+            except ValueError:
+                continue
+    return total if found else None
+
+
 # How vLLM ("maximum context length", "too long to fit into the model") and SGLang
 # ("longer than the model's context length") say a request does not fit the context.
 _OVERFLOW = re.compile(r"maximum context length|too long to fit|longer than the model'?s context length|context length", re.I)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from backends.client import WorkerClient, WorkerUnavailable
-from backends.engines import ENGINES, Engine
+from backends.engines import ENGINES, Engine, waiting_requests
 from policies.balance import Balancer
 
 log = logging.getLogger("router.pools")
@@ -56,6 +56,7 @@ class Worker:
             "served": self.served,
             "last_error": self.last_error,
             "circuit": self.circuit,
+            "waiting": self.waiting,
         }
         if self.process is not None:
             out["process"] = self.process.describe()
@@ -86,6 +87,7 @@ class Pool:
     workers: list[Worker] = field(default_factory=list)
     max_model_len: int | None = None  # from config, else from the workers' /v1/models
     affinity: Any = None  # a policies.affinity.Affinity, for pools whose policy is affinity
+    scrape_metrics: bool = False  # read engines' queue lengths into Worker.waiting with each health round
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
@@ -191,11 +193,24 @@ class Pool:
             worker.healthy = True
             worker.last_error = None
             worker.health_failures = 0
+            if self.scrape_metrics:
+                await self._scrape(worker)
             return
         worker.health_failures += 1
         worker.last_error = reason
         if worker.health_failures >= HEALTH_FAILURES_TO_MARK_DOWN or not worker.healthy:
             self.mark_down(worker, reason)
+
+    async def _scrape(self, worker: Worker) -> None:
+        """The engine's own queue length, as a load signal; a failed scrape leaves the last value."""
+        try:
+            status, body = await self.client.get(worker.url + "/metrics", timeout_s=HEALTH_TIMEOUT_S)
+        except WorkerUnavailable:
+            return
+        if status == 200:
+            waiting = waiting_requests(self.engine.name, body.decode("utf-8", "replace"))
+            if waiting is not None:
+                worker.waiting = waiting
 
     async def _health_loop(self) -> None:
         while True:

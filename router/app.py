@@ -107,7 +107,7 @@ class RouterApp:
                 command=list(managed.command),
                 extra_args=list(managed.extra_args),
                 host=host,
-                env=dict(managed.env),
+                env=managed.replica_env(i),
                 log_path=log_dir / f"{cfg.name}-{i}.log" if log_dir else None,
             )
             for i in range(managed.replicas)
@@ -129,6 +129,7 @@ def _pool(cfg: PoolConfig) -> Pool:
     )
     if affinity:
         pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)
+    pool.scrape_metrics = cfg.scrape_metrics
     return pool
 
 

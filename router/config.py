@@ -112,6 +112,8 @@ class ManagedConfig(_Section):
     command: list[str] = []
     extra_args: list[str] = []
     env: dict[str, str] = {}
+    # GPUs split evenly between the replicas: replica i gets its share as CUDA_VISIBLE_DEVICES.
+    gpus: list[int] = []
     # Per-worker log files go here (relative to the config file); empty: inherit the router's stderr.
     log_dir: str = ""
     start_timeout_s: float = Field(120.0, gt=0)
@@ -124,7 +126,19 @@ class ManagedConfig(_Section):
             raise ValueError("port_range must be [first, last] with 0 < first <= last <= 65535")
         if last - first + 1 < self.replicas:
             raise ValueError(f"port_range holds {last - first + 1} ports for {self.replicas} replicas")
+        if self.gpus and len(self.gpus) % self.replicas:
+            raise ValueError(f"{len(self.gpus)} gpus do not split evenly between {self.replicas} replicas")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("a gpu is listed twice")
         return self
+
+    def replica_env(self, i: int) -> dict[str, str]:
+        """Replica ``i``'s environment: the configured env, plus its share of the GPUs."""
+        env = dict(self.env)
+        if self.gpus:
+            share = len(self.gpus) // self.replicas
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus[i * share:(i + 1) * share])
+        return env
 
 
 class ChatConfig(_Section):
@@ -155,6 +169,9 @@ class PoolConfig(_Section):
     policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity"] = "least_in_flight"
     overload_factor: float = Field(1.5, ge=1)
     health_interval_s: float = Field(2.0, gt=0)
+    # Read each worker's queue length from its /metrics with every health check, so that
+    # least_load / power_of_two / affinity see requests waiting inside the engine.
+    scrape_metrics: bool = False
     connect_timeout_s: float = Field(5.0, gt=0)
     # Longest silence allowed between two reads of a worker's answer.
     read_timeout_s: float = Field(300.0, gt=0)

@@ -62,6 +62,7 @@ def test_the_example_config_is_valid() -> None:
         (('model = "sim-model"\n', ""), "pools[0].model: required key is missing"),
         (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a', key='short'}]"), "auth.keys[0].key: string should have at least 8 characters"),
         (("port = 8081", "port ="), "not valid TOML"),
+        (("replicas = 2", "replicas = 2\ngpus = [0, 1, 2]"), "pools[0].managed: 3 gpus do not split evenly between 2 replicas"),
         (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a'}]"), "auth.keys[0]: give exactly one of key, key_sha256 or key_env"),
         (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a', key_sha256='abc'}]"), "auth.keys[0].key_sha256: string should match"),
     ],

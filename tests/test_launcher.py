@@ -116,3 +116,42 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_gpus_are_split_between_replicas(tmp_path: Path) -> None:
+    body = sim_pool_toml().replace("replicas = 2", "replicas = 2\ngpus = [0, 1, 2, 3]") + MODELS
+    router = start_router(tmp_path, body)
+    try:
+        seen = []
+        for url in worker_urls(router.base_url):
+            environ = Path(f"/proc/{pid_on(url)}/environ").read_bytes().split(b"\0")
+            seen.append(next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).split(b"=", 1)[1].decode())
+        assert sorted(seen) == ["0,1", "2,3"]
+    finally:
+        assert router.stop() == 0
+
+
+def test_engine_queue_length_is_scraped_into_the_load(tmp_path: Path) -> None:
+    import threading
+
+    import openai
+
+    body = (sim_pool_toml(replicas=1, extra_args='["--max-concurrency", "1"]')
+            .replace("health_interval_s = 0.5", "health_interval_s = 0.2\nscrape_metrics = true") + MODELS)
+    router = start_router(tmp_path, body)
+    client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0, timeout=30)
+    threads = [threading.Thread(target=lambda: client.responses.create(model="chat", input="[sim:tokens=40] [sim:itl_ms=50]"))
+               for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+
+        def queued() -> bool:  # one generates, the others wait inside the engine
+            with urllib.request.urlopen(router.base_url + "/health") as resp:
+                return json.loads(resp.read())["pools"][0]["workers"][0]["waiting"] >= 1
+
+        assert wait_until(queued, 15)
+    finally:
+        for t in threads:
+            t.join()
+        assert router.stop() == 0
