@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from router.api.compaction import SUMMARY_PROMPT
+from router.turns.compaction import SUMMARY_PROMPT
 from router.protocol.sealing import SUMMARY_PREFIX
 from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
 

@@ -19,43 +19,30 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from backends.client import WorkerError, WorkerHTTPError, WorkerUnavailable
-from backends.pools import NoHealthyWorker
 from router.api.auth import Authenticator
 from router.api.http import json_response, parse_model, read_body
-from router.dialects.deltas import TextDelta, Usage
-from router.dialects.turn import DialectTurn
-from router.protocol.errors import NoCapacity, UpstreamError
 from router.protocol.ids import new_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.sealing import COMPACTION, Sealer, expand_compactions
-from router.protocol.shapes import usage_object
-from router.protocol.tools import build_toolset
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.prepare import prepare
 from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
-from router.turns.upstream import Upstream
+from router.turns.compaction import count_tokens, summarize
 
 __all__ = ["CompactRequest", "CompactionAPI", "expand_compactions"]
 
 log = logging.getLogger("router.api")
 
-SUMMARY_PROMPT = (
-    "Summarize the conversation so far for yourself, so that it can continue from your summary alone: the user's "
-    "goals and constraints, what was decided, facts and results established (tool results included), open "
-    "questions, and where the work stands. Be concise and specific. Write only the summary."
-)
-TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root
 
 
 class CompactRequest(BaseModel):
@@ -82,7 +69,6 @@ class CompactionAPI:
         self.sealer = sealer
         self.ttl_s = ttl_s
         self.router_tools = router_tools
-        self._no_tokenize: set[str] = set()  # worker urls that answered /tokenize with 404/405/501
 
     def routes(self) -> list[Route]:
         return [
@@ -119,26 +105,9 @@ class CompactionAPI:
                               "usage": usage})
 
     async def _summarize(self, run: ResponseRun, req: CreateResponse, items: list[Item], rid: str) -> tuple[str, dict[str, Any]]:
-        """One non-streamed model call over the conversation and the summarization prompt."""
-        ask = {"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
-               "content": [{"type": "input_text", "text": SUMMARY_PROMPT}]}
-        turn = run.route.turn(req, build_toolset([], "none"), rid)
         routing = run.routing
-        upstream = Upstream(run.route.pool, req.model, truncate=False,
-                            preferred=routing.preferred_worker if routing else None,
-                            prefix_key=routing.prefix_key if routing else None)
-        answer, _ = await upstream.post(turn, [*items, ask])
-        try:
-            deltas = turn.completion(answer)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error") from None
-        text = "".join(d.text for d in deltas if isinstance(d, TextDelta)).strip()
-        if not text:
-            raise UpstreamError("the model returned no summary text", code="upstream_error")
-        used = next((d for d in reversed(deltas) if isinstance(d, Usage)), None)
-        usage = usage_object(used.input_tokens, used.output_tokens, used.cached_tokens, used.reasoning_tokens) \
-            if used is not None else usage_object(0, 0)
-        return text, usage
+        return await summarize(run.route, req, items, rid, preferred=routing.preferred_worker if routing else None,
+                               prefix_key=routing.prefix_key if routing else None)
 
     # -- input_tokens --------------------------------------------------------------------
 
@@ -147,75 +116,5 @@ class CompactionAPI:
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
         req = req.model_copy(update={"stream": False, "background": False, "store": False})
         run, items = await self._prepare(req, owner)
-        if run.route.dialect == "harmony":
-            count = _harmony_count(run, req, items)
-        else:
-            count = await self._chat_count(run, req, items)
+        count = await count_tokens(run.route, req, run.tools, items)
         return json_response({"object": "response.input_tokens", "input_tokens": count})
-
-    async def _chat_count(self, run: ResponseRun, req: CreateResponse, items: list[Item]) -> int:
-        pool = run.route.pool
-        turn = run.route.turn(req, run.tools, new_id("resp"))
-        body = turn.request(items, stream=False)
-        if pool.engine.name != "sglang":  # SGLang has no chat /tokenize
-            count = await self._tokenize(run, body)
-            if count is not None:
-                return count
-        # Fallback: a one-token chat call; its usage says how long the prompt was.
-        probe = {k: v for k, v in body.items() if k not in ("response_format", "logprobs", "top_logprobs", "stream_options")}
-        probe["max_tokens"] = 1
-        probe["stream"] = False
-        upstream = Upstream(pool, req.model, truncate=False)
-        answer, _ = await upstream.post(cast(DialectTurn, _Fixed(turn.path, probe)), items)
-        prompt = (answer.get("usage") or {}).get("prompt_tokens") if isinstance(answer, dict) else None
-        if not isinstance(prompt, int):
-            raise UpstreamError("the worker's answer has no usage.prompt_tokens", code="upstream_error")
-        return prompt
-
-    async def _tokenize(self, run: ResponseRun, body: dict[str, Any]) -> int | None:
-        """vLLM's chat /tokenize; None when the worker has none (or failed: the fallback then decides)."""
-        pool = run.route.pool
-        try:
-            worker = pool.pick(exclude=[w for w in pool.workers if w.url in self._no_tokenize])
-        except NoHealthyWorker:
-            if not any(w.healthy for w in pool.workers):
-                raise NoCapacity(f"no worker can serve model '{run.req.model}' now", code="no_healthy_worker") from None
-            return None  # healthy workers, none with /tokenize
-        tokenize = {"model": body["model"], "messages": body["messages"], "add_generation_prompt": True}
-        for key in ("tools", "chat_template_kwargs"):
-            if key in body:
-                tokenize[key] = body[key]
-        worker.in_flight += 1
-        try:
-            answer = await pool.client.post_json(worker.url + TOKENIZE_PATH, tokenize)
-        except WorkerHTTPError as exc:
-            if exc.status in (404, 405, 501):
-                self._no_tokenize.add(worker.url)
-                log.info("pool %s: %s has no %s; counting input tokens with a one-token call",
-                         pool.name, worker.url, TOKENIZE_PATH)
-            return None
-        except WorkerUnavailable as exc:
-            pool.mark_down(worker, str(exc))
-            return None
-        except WorkerError:
-            return None
-        finally:
-            worker.in_flight -= 1
-        count = answer.get("count") if isinstance(answer, dict) else None
-        return count if isinstance(count, int) else None
-
-
-class _Fixed:
-    """A DialectTurn-shaped request with a body made in advance (for Upstream's worker choice and errors)."""
-
-    def __init__(self, path: str, body: dict[str, Any]) -> None:
-        self.path = path
-        self._body = body
-
-    def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
-        return self._body
-
-
-def _harmony_count(run: ResponseRun, req: CreateResponse, items: list[Item]) -> int:
-    """Exactly what a harmony turn would render for these items."""
-    return len(run.route.turn(req, run.tools, "count").prompt_ids(items))  # type: ignore[attr-defined]

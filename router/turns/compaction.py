@@ -1,0 +1,123 @@
+"""Counting a prompt's tokens and summarizing a conversation: what compaction needs.
+
+Used by ``/v1/responses/compact``, ``/v1/responses/input_tokens`` and by a create's
+``context_management`` (compact the older part when the prompt passes a threshold).
+Harmony pools count exactly (the router renders the prompt); chat pools ask the
+worker's ``POST /tokenize`` (vLLM), else read ``prompt_tokens`` of a ``max_tokens: 1`` call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from backends.client import WorkerError, WorkerHTTPError, WorkerUnavailable
+from backends.pools import NoHealthyWorker
+from router.dialects.deltas import TextDelta, Usage
+from router.dialects.turn import DialectTurn
+from router.protocol.errors import NoCapacity, UpstreamError
+from router.protocol.ids import new_id
+from router.protocol.items import Item
+from router.protocol.requests import CreateResponse
+from router.protocol.shapes import usage_object
+from router.protocol.tools import ToolSet, build_toolset
+from router.turns.route import ModelRoute
+from router.turns.upstream import Upstream
+
+log = logging.getLogger("router.turns")
+
+SUMMARY_PROMPT = (
+    "Summarize the conversation so far for yourself, so that it can continue from your summary alone: the user's "
+    "goals and constraints, what was decided, facts and results established (tool results included), open "
+    "questions, and where the work stands. Be concise and specific. Write only the summary."
+)
+TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root
+_no_tokenize: set[str] = set()  # workers seen without /tokenize (404/405/501)
+
+
+async def summarize(route: ModelRoute, req: CreateResponse, items: list[Item], rid: str, *,
+                    preferred: str | None = None, prefix_key: str | None = None) -> tuple[str, dict[str, Any]]:
+    """One non-streamed model call over the conversation and the summarization prompt."""
+    ask = {"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
+           "content": [{"type": "input_text", "text": SUMMARY_PROMPT}]}
+    turn = route.turn(req, build_toolset([], "none"), rid)
+    upstream = Upstream(route.pool, req.model, truncate=False, preferred=preferred, prefix_key=prefix_key)
+    answer, _ = await upstream.post(turn, [*items, ask])
+    try:
+        deltas = turn.completion(answer)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error") from None
+    text = "".join(d.text for d in deltas if isinstance(d, TextDelta)).strip()
+    if not text:
+        raise UpstreamError("the model returned no summary text", code="upstream_error")
+    used = next((d for d in reversed(deltas) if isinstance(d, Usage)), None)
+    usage = usage_object(used.input_tokens, used.output_tokens, used.cached_tokens, used.reasoning_tokens) \
+        if used is not None else usage_object(0, 0)
+    return text, usage
+
+
+async def count_tokens(route: ModelRoute, req: CreateResponse, tools: ToolSet, items: list[Item]) -> int:
+    """The prompt tokens a create with ``items`` would send."""
+    if route.dialect == "harmony":
+        return len(route.turn(req, tools, "count").prompt_ids(items))  # type: ignore[attr-defined]
+    pool = route.pool
+    turn = route.turn(req, tools, new_id("resp"))
+    body = turn.request(items, stream=False)
+    if pool.engine.name != "sglang":  # SGLang has no chat /tokenize
+        count = await _tokenize(route, req, body)
+        if count is not None:
+            return count
+    # Fallback: a one-token chat call; its usage says how long the prompt was.
+    probe = {k: v for k, v in body.items() if k not in ("response_format", "logprobs", "top_logprobs", "stream_options")}
+    probe["max_tokens"] = 1
+    probe["stream"] = False
+    upstream = Upstream(pool, req.model, truncate=False)
+    answer, _ = await upstream.post(cast(DialectTurn, _Fixed(turn.path, probe)), items)
+    prompt = (answer.get("usage") or {}).get("prompt_tokens") if isinstance(answer, dict) else None
+    if not isinstance(prompt, int):
+        raise UpstreamError("the worker's answer has no usage.prompt_tokens", code="upstream_error")
+    return prompt
+
+
+async def _tokenize(route: ModelRoute, req: CreateResponse, body: dict[str, Any]) -> int | None:
+    """vLLM's chat /tokenize; None when the worker has none (or failed: the fallback then decides)."""
+    pool = route.pool
+    try:
+        worker = pool.pick(exclude=[w for w in pool.workers if w.url in _no_tokenize])
+    except NoHealthyWorker:
+        if not any(w.healthy for w in pool.workers):
+            raise NoCapacity(f"no worker can serve model '{req.model}' now", code="no_healthy_worker") from None
+        return None  # healthy workers, none with /tokenize
+    tokenize = {"model": body["model"], "messages": body["messages"], "add_generation_prompt": True}
+    for key in ("tools", "chat_template_kwargs"):
+        if key in body:
+            tokenize[key] = body[key]
+    worker.in_flight += 1
+    try:
+        answer = await pool.client.post_json(worker.url + TOKENIZE_PATH, tokenize)
+    except WorkerHTTPError as exc:
+        if exc.status in (404, 405, 501):
+            _no_tokenize.add(worker.url)
+            log.info("pool %s: %s has no %s; counting input tokens with a one-token call", pool.name, worker.url,
+                     TOKENIZE_PATH)
+        return None
+    except WorkerUnavailable as exc:
+        pool.mark_down(worker, str(exc))
+        return None
+    except WorkerError:
+        return None
+    finally:
+        worker.in_flight -= 1
+    count = answer.get("count") if isinstance(answer, dict) else None
+    return count if isinstance(count, int) else None
+
+
+class _Fixed:
+    """A DialectTurn-shaped request with a body made in advance (for Upstream's worker choice and errors)."""
+
+    def __init__(self, path: str, body: dict[str, Any]) -> None:
+        self.path = path
+        self._body = body
+
+    def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
+        return self._body
