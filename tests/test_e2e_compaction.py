@@ -14,9 +14,10 @@ import httpx
 import openai
 import pytest
 
-from router.turns.compaction import SUMMARY_PROMPT
 from router.protocol.sealing import SUMMARY_PREFIX
+from router.turns.compaction import SUMMARY_PROMPT
 from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
+from tests.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
 
@@ -250,3 +251,45 @@ def test_rotated_keys_open_old_blobs(tmp_path: Path, harmony_vocab: Path, compac
         assert_error(resp, 400, param="input[1].encrypted_content")
     finally:
         assert retired.stop() == 0, retired.log()
+
+
+# -- automatic compaction (context_management) ---------------------------------------
+
+
+def test_context_management_compacts_past_the_threshold(client: openai.OpenAI) -> None:
+    cm = [{"type": "compaction", "compact_threshold": 60}]
+    previous = None
+    compacted_at = None
+    for turn in range(8):
+        response = client.responses.create(model=CHAT, input=f"turn {turn} [sim:tokens=6]", previous_response_id=previous,
+                                           context_management=cm)
+        assert response.status == "completed"
+        if response.output[0].type == "compaction":
+            compacted_at = turn
+            assert response.output[0].encrypted_content and response.output[1].type == "message"
+            break
+        previous = response.id
+    assert compacted_at is not None and compacted_at >= 1, "the prompt never passed 60 tokens"
+    # The next turn continues from the summary: the older turns are no longer in the prompt.
+    after = client.responses.create(model=CHAT, input="go on [sim:echo]", previous_response_id=response.id,
+                                    context_management=[{"type": "compaction", "compact_threshold": 100_000}])
+    messages = json.loads(after.output_text)
+    assert messages[0]["role"] == "system" and "Summary of the earlier conversation" in messages[0]["content"]
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    assert users == [f"turn {compacted_at} [sim:tokens=6]", "go on [sim:echo]"]
+    # The store still holds the whole chain.
+    assert len(client.responses.input_items.list(response.id).data) == 1
+    # Streamed: the compaction item comes first, whole, and the stream obeys the rules.
+    events = [e.model_dump() for e in client.responses.create(
+        model=CHAT, input="again [sim:tokens=3]", previous_response_id=after.id, stream=True,
+        context_management=[{"type": "compaction", "compact_threshold": 10}])]
+    final = check_stream(events)
+    assert [i["type"] for i in final["output"]] == ["compaction", "message"]
+
+
+def test_context_management_is_validated(http: httpx.Client) -> None:
+    for cm, param in [([{"type": "compaction"}], "context_management[0].compact_threshold"),
+                      ([{"type": "truncate", "compact_threshold": 5}], "context_management[0].type"),
+                      ({"type": "compaction"}, "context_management")]:
+        resp = http.post("/v1/responses", json={"model": CHAT, "input": "x", "context_management": cm})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text

@@ -31,7 +31,7 @@ from router.api.http import json_response, parse_model, read_body
 from router.protocol.ids import new_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
-from router.protocol.sealing import COMPACTION, Sealer, expand_compactions
+from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.prepare import prepare
@@ -95,12 +95,9 @@ class CompactionAPI:
         cid = new_id("cmp")
         summary, usage = await self._summarize(run, req, items, cid)
         created_at = int(time.time())
-        item_id = new_id("cmpi")
-        sealed = self.sealer.seal(COMPACTION, {"summary": summary, "model": req.model, "owner": owner,
-                                               "id": item_id, "created_at": created_at})
         last_user = next((i for i in reversed(items) if i["type"] == "message" and i["role"] == "user"), None)
         output = [last_user] if last_user is not None else []
-        output.append({"id": item_id, "type": "compaction", "encrypted_content": sealed})
+        output.append(seal_compaction(self.sealer, owner, req.model, summary))
         return json_response({"id": cid, "object": "response.compaction", "created_at": created_at, "output": output,
                               "usage": usage})
 

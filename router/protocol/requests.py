@@ -75,8 +75,29 @@ KNOWN_INCLUDES = frozenset({
 })
 
 
+def compact_threshold(req: CreateResponse) -> int | None:
+    """``context_management: [{"type": "compaction", "compact_threshold": N}]`` -> N (validated)."""
+    cm = req.context_management
+    if cm is None:
+        return None
+    if not isinstance(cm, list):
+        raise InvalidRequest("context_management must be a list", param="context_management")
+    threshold = None
+    for i, entry in enumerate(cm):
+        if not isinstance(entry, dict) or entry.get("type") != "compaction":
+            raise InvalidRequest("context_management entries must be {\"type\": \"compaction\", ...}",
+                                 param=f"context_management[{i}].type")
+        value = entry.get("compact_threshold")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidRequest("compact_threshold must be a positive integer (tokens)",
+                                 param=f"context_management[{i}].compact_threshold")
+        threshold = value
+    return threshold
+
+
 def check_supported(req: CreateResponse) -> None:
     """Refuse, by name, what this router cannot serve yet."""
+    compact_threshold(req)
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
     for i, value in enumerate(req.include or ()):

@@ -20,6 +20,7 @@ here, low in the layers, so ``router/turns`` can call it).
 from __future__ import annotations
 
 import base64
+import time
 import binascii
 import hashlib
 import logging
@@ -169,15 +170,39 @@ def expand_compactions(items: list[Item], sealer: Sealer, owner: str, *, first_i
         if item.get("type") != "compaction":
             out.append(item)
             continue
-        summary = _open_compaction(item, sealer, owner, i, first_input)
-        out.append({
-            "type": "message", "id": new_id("msg"), "role": "developer", "status": "completed",
-            "content": [{"type": "input_text", "text": SUMMARY_PREFIX + summary}],
-        })
+        payload = _open_compaction(item, sealer, owner, i, first_input)
+        summary = _summary_message(payload["summary"])
+        keep = payload.get("keep_from")
+        at = next((j for j, it in enumerate(out) if keep is not None and it.get("id") == keep), None)
+        if at is None:
+            out.append(summary)
+        else:  # made by a create's context_management: it replaces everything before the turn it kept
+            system = [it for it in out[:at] if it.get("type") == "message" and it.get("role") in ("system", "developer")
+                      and not _is_summary(it)]
+            out = [*system, summary, *out[at:]]
     return out
 
 
-def _open_compaction(item: Item, sealer: Sealer, owner: str, index: int, first_input: int) -> str:
+def _summary_message(summary: str) -> Item:
+    return {"type": "message", "id": new_id("msg"), "role": "developer", "status": "completed",
+            "content": [{"type": "input_text", "text": SUMMARY_PREFIX + summary}]}
+
+
+def _is_summary(item: Item) -> bool:
+    parts = item.get("content") or [{}]
+    return isinstance(parts[0].get("text"), str) and parts[0]["text"].startswith(SUMMARY_PREFIX)
+
+
+def seal_compaction(sealer: Sealer, owner: str, model: str, summary: str, *, keep_from: str | None = None) -> Item:
+    """A ``compaction`` output item sealing ``summary``; ``keep_from``: the first item it did not replace."""
+    item_id = new_id("cmpi")
+    payload = {"summary": summary, "model": model, "owner": owner, "id": item_id, "created_at": int(time.time())}
+    if keep_from is not None:
+        payload["keep_from"] = keep_from
+    return {"id": item_id, "type": "compaction", "encrypted_content": sealer.seal(COMPACTION, payload)}
+
+
+def _open_compaction(item: Item, sealer: Sealer, owner: str, index: int, first_input: int) -> dict[str, Any]:
     if index >= first_input:
         where, param = f"input[{index - first_input}]", f"input[{index - first_input}].encrypted_content"
     else:
@@ -193,7 +218,7 @@ def _open_compaction(item: Item, sealer: Sealer, owner: str, index: int, first_i
             "another account, or sealed with a key this router no longer holds.",
             param=param, code="invalid_encrypted_content",
         )
-    return summary
+    return payload
 
 
 # -- encrypted reasoning ------------------------------------------------------------------

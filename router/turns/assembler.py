@@ -210,6 +210,19 @@ class Assembler:
         item.close(events, "completed")
         return item, events
 
+    def add_done(self, item: dict[str, Any]) -> list[Event]:
+        """An item made whole elsewhere (a compaction): added and done at once."""
+        index = len(self.output)
+        self.output.append(item)
+        return [self.event({"type": "response.output_item.added", "output_index": index, "item": copy_item(item)}),
+                self.event({"type": "response.output_item.done", "output_index": index, "item": copy_item(item)})]
+
+    def add_usage(self, usage: Usage) -> None:
+        """Tokens spent outside the model turns (a compaction's summary), counted in the response's usage."""
+        total = self._usage or [0, 0, 0, 0]
+        self._usage = [a + b for a, b in zip(total, (usage.input_tokens, usage.output_tokens, usage.cached_tokens,
+                                                      usage.reasoning_tokens))]
+
     def list_tools(self, server_label: str) -> tuple[ListToolsItem, list[Event]]:
         """Announce an MCP server's listing; the runner finishes it once the server answered."""
         events: list[Event] = []

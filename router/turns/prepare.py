@@ -64,7 +64,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
         router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
-        seal=_reasoning_sealer(req, sealer, owner),
+        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer,
     )
 
 

@@ -25,7 +25,11 @@ from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 from router.state.store import Store, StoredResponse
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
+from router.dialects.deltas import Usage
+from router.protocol.requests import compact_threshold
+from router.protocol.sealing import expand_compactions, seal_compaction
 from router.turns.assembler import Assembler, Event
+from router.turns.compaction import count_tokens, summarize
 from router.turns.prelude import Prelude
 from router.turns.route import ModelRoute
 from router.turns.routing import Routing
@@ -57,6 +61,7 @@ class ResponseRun:
     record_routing: bool = False  # remember where it was served, for the next turn
     metrics: Any = None  # router.metrics.RouterMetrics
     seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
+    sealer: Any = None  # router.protocol.sealing.Sealer, for context_management compaction
     # Background responses: the replica running it, and how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
@@ -64,6 +69,7 @@ class ResponseRun:
     _tool_calls_run: int = 0
     _timer: Any = None
     _browser: Browsing | None = None
+    _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
@@ -98,9 +104,12 @@ class ResponseRun:
                 raise UpstreamError(error["message"], code=error["code"])
             return self.response
         try:
+            await self._compact()
             answer, self.prompt_items = await self._upstream.post(self._turn, self.prompt_items)
         except APIError as exc:
             raise await self._failed(exc) from None
+        if self._compaction is not None:
+            self._assembler.add_done(self._compaction)
         try:
             deltas = self._turn.completion(answer)
         except (ValueError, KeyError, TypeError) as exc:
@@ -118,6 +127,7 @@ class ResponseRun:
         if self.prelude is not None:
             self.prompt_items = await self.prelude.run(self.tools, self.prompt_items)
         try:
+            await self._compact()
             self._stream, self.prompt_items = await self._upstream.open(self._turn, self.prompt_items)
         except APIError as exc:
             raise await self._failed(exc) from None
@@ -132,6 +142,8 @@ class ResponseRun:
                 yield events
             else:
                 yield asm.start()
+            if self._compaction is not None:
+                yield asm.add_done(self._compaction)
             if self.prelude is not None:
                 yield self.prelude.emit(asm)
             reason = None
@@ -177,6 +189,24 @@ class ResponseRun:
             yield events
         finally:
             self._close_stream()
+
+    async def _compact(self) -> None:
+        """``context_management``: past the threshold, the turns before the last user message become a summary."""
+        threshold = compact_threshold(self.req)
+        if threshold is None or self.sealer is None:
+            return
+        if await count_tokens(self.route, self.req, self.tools, self.prompt_items) <= threshold:
+            return
+        items = self.prompt_items
+        users = [i for i, item in enumerate(items) if item["type"] == "message" and item["role"] == "user"]
+        if len(users) < 2:
+            return  # only the current turn: nothing older to fold
+        keep = users[-1]
+        summary, usage = await summarize(self.route, self.req, items[:keep], self.response["id"] + "-compact")
+        self._assembler.add_usage(Usage(usage["input_tokens"], usage["output_tokens"]))
+        self._compaction = seal_compaction(self.sealer, self.owner, self.req.model, summary, keep_from=items[keep]["id"])
+        self.prompt_items = expand_compactions([*items[:keep + 1], *items[keep + 1:], self._compaction], self.sealer,
+                                               self.owner, first_input=len(items) + 1)
 
     async def _read_turn(self) -> AsyncIterator[list[Event]]:
         """One model turn's stream -> event batches; closes the turn."""
