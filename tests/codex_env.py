@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import http.client
-import importlib.util
 import json
 import os
 import subprocess
@@ -37,7 +36,7 @@ from typing import Any, Self
 
 import pytest
 
-from tests.procs import ROOT
+from tests.procs import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "prepare_codex.py"
 API_KEY_ENV = "RESPONSES_ROUTER_CODEX_KEY"
@@ -46,15 +45,7 @@ PROVIDER = "responses_router"
 
 
 def _load_script() -> ModuleType:
-    name = "prepare_codex"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None, f"cannot load {SCRIPT}"
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ then take ``vllm_prepared`` as a fixture.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -19,21 +18,13 @@ from types import ModuleType
 
 import pytest
 
-from tests.procs import ROOT
+from tests.procs import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "prepare_vllm_cpu.py"
 
 
 def _load_script() -> ModuleType:
-    name = "prepare_vllm_cpu"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None, f"cannot load {SCRIPT}"
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,3 +114,18 @@ def start_router(tmp: Path, body: str, *, server: str = "", store: str = '[store
                 raise RuntimeError(f"router not healthy after 60 s:\n{router.log()}")
             time.sleep(0.1)
     return router
+
+
+def load_script(path: Path) -> Any:
+    """A script of scripts/ imported as a module (once), so tests use the very code users run."""
+    import importlib.util
+
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"cannot load {path}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,9 @@ import pytest
 
 from router.protocol.sealing import SUMMARY_PREFIX
 from router.turns.compaction import SUMMARY_PROMPT
-from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
+from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.streamrules import check_stream
+from tests.test_e2e_harmony import harmony_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -30,36 +30,13 @@ SEAL_NEW = base64.b64encode(os.urandom(32)).decode()
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
-# The create path opens compaction items once prepare() calls expand_compactions.
-
-
-def harmony_pool(vocab: Path) -> str:
-    first, last = free_range()
-    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-               "--engine", "vllm", "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
-    return f"""
-[[pools]]
-name = "oss"
-engine = "vllm"
-dialect = "harmony"
-model = "gpt-oss-sim"
-context_length = 8192
-health_interval_s = 0.5
-[pools.managed]
-replicas = 1
-port_range = [{first}, {last}]
-command = {json.dumps(command)}
-log_dir = "logs"
-"""
-
-
 def config(vocab: Path, keys: list[str]) -> str:
     return (
         f'[harmony]\nvocab_dir = "{vocab}"\n'
         + f"[sealing]\nkeys = {json.dumps(keys)}\n"
         + f'[auth]\nkeys = [{{ name = "alice", key = "{KEY_ALICE}" }}, {{ name = "bob", key = "{KEY_BOB}" }}]\n'
         + sim_pool_toml(replicas=2)
-        + harmony_pool(vocab)
+        + harmony_pool("oss", "vllm", vocab)
         + f'\n[[models]]\nname = "{CHAT}"\npool = "sim"\n[[models]]\nname = "{HARMONY}"\npool = "oss"\n'
     )
 
