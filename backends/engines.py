@@ -58,20 +58,43 @@ def launch_command(engine: str, template: list[str], *, host: str, port: int, mo
 
 # The gauge that says how many requests wait inside the engine (its own queue), per engine.
 WAITING_METRIC = {"vllm": "vllm:num_requests_waiting", "sglang": "sglang:num_queue_reqs", "sim": "vllm:num_requests_waiting"}
+# The gauge that says how full the engine's KV cache is (0..1), newest name first: vLLM
+# before v1 called it gpu_cache_usage_perc; SGLang's token_usage is used / total KV tokens.
+KV_USAGE_METRICS = {"vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "sglang": ("sglang:token_usage",),
+                    "sim": ("vllm:kv_cache_usage_perc",)}
+
+
+def metric_samples(name: str, metrics_text: str) -> list[float]:
+    """The values of one metric's samples (one per label set) in Prometheus text; unparsable lines are skipped."""
+    out: list[float] = []
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{"):
+            rest = line[line.rfind("}") + 1:]
+        elif line.startswith(name + " "):
+            rest = line[len(name):]
+        else:
+            continue
+        try:
+            out.append(float(rest.split()[0]))  # a timestamp may follow the value
+        except (ValueError, IndexError):
+            continue
+    return out
 
 
 def waiting_requests(engine: str, metrics_text: str) -> float | None:
     """The engine's queue length from its Prometheus text (summed over label sets), or None if absent."""
     name = WAITING_METRIC.get(engine)
-    total, found = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):  # type: ignore[operator]
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-            except ValueError:
-                continue
-    return total if found else None
+    values = metric_samples(name, metrics_text) if name else []
+    return sum(values) if values else None
+
+
+def kv_cache_usage(engine: str, metrics_text: str) -> float | None:
+    """The engine's KV cache usage, 0..1 (the mean over label sets, e.g. data-parallel ranks), or None if absent."""
+    for name in KV_USAGE_METRICS.get(engine, ()):
+        values = [v for v in metric_samples(name, metrics_text) if v == v]  # NaN: no reading
+        if values:
+            return min(1.0, max(0.0, sum(values) / len(values)))
+    return None
 
 
 # How vLLM ("maximum context length", "too long to fit into the model") and SGLang

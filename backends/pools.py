@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from backends.client import WorkerClient, WorkerUnavailable
-from backends.engines import ENGINES, Engine, waiting_requests
+from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from policies.balance import Balancer
 
 log = logging.getLogger("router.pools")
@@ -31,6 +31,7 @@ class Worker:
     served: int = 0
     health_failures: int = 0  # consecutive failed health checks
     waiting: float = 0.0  # requests queued inside the engine, when its metrics are scraped
+    kv_usage: float = 0.0  # the engine's KV cache usage, 0..1, when its metrics are scraped
     process: Any = None  # the launcher's ManagedWorker, for managed pools
     # Circuit breaker: consecutive failed calls (5xx, lost connections); open = not routed to until open_until.
     failures: int = 0
@@ -45,8 +46,10 @@ class Worker:
 
     @property
     def load(self) -> float:
-        """What balancing compares: our in-flight requests plus the engine's own queue."""
-        return self.in_flight + self.waiting
+        """What balancing compares: our in-flight requests plus the engine's own queue, plus
+        less than one request's worth for a full KV cache, so between equally busy workers
+        the one with room wins (a full cache evicts prefixes and may preempt)."""
+        return self.in_flight + self.waiting + KV_LOAD_WEIGHT * self.kv_usage
 
     def describe(self) -> dict[str, Any]:
         out = {
@@ -57,12 +60,15 @@ class Worker:
             "last_error": self.last_error,
             "circuit": self.circuit,
             "waiting": self.waiting,
+            "kv_usage": round(self.kv_usage, 4),
         }
         if self.process is not None:
             out["process"] = self.process.describe()
         return out
 
 
+# What a completely full KV cache adds to a worker's load, in requests: under 1, a tie-breaker.
+KV_LOAD_WEIGHT = 0.5
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_MARK_DOWN = 3
 # A worker whose calls failed this many times in a row is not routed to for a cool-down
@@ -87,7 +93,7 @@ class Pool:
     workers: list[Worker] = field(default_factory=list)
     max_model_len: int | None = None  # from config, else from the workers' /v1/models
     affinity: Any = None  # a policies.affinity.Affinity, for pools whose policy is affinity
-    scrape_metrics: bool = False  # read engines' queue lengths into Worker.waiting with each health round
+    scrape_metrics: bool = False  # read engines' queue lengths and KV usage into Worker with each health round
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
@@ -202,15 +208,19 @@ class Pool:
             self.mark_down(worker, reason)
 
     async def _scrape(self, worker: Worker) -> None:
-        """The engine's own queue length, as a load signal; a failed scrape leaves the last value."""
+        """The engine's queue length and KV cache usage, as load signals; a failed scrape leaves the last values."""
         try:
             status, body = await self.client.get(worker.url + "/metrics", timeout_s=HEALTH_TIMEOUT_S)
         except WorkerUnavailable:
             return
         if status == 200:
-            waiting = waiting_requests(self.engine.name, body.decode("utf-8", "replace"))
+            text = body.decode("utf-8", "replace")
+            waiting = waiting_requests(self.engine.name, text)
             if waiting is not None:
                 worker.waiting = waiting
+            kv = kv_cache_usage(self.engine.name, text)
+            if kv is not None:
+                worker.kv_usage = kv
 
     async def _health_loop(self) -> None:
         while True:

@@ -14,7 +14,8 @@ request; markers in the last user message script it (backends/sim_script.py):
   arguments valid for the tool's schema; `tool_choice` required/named/none;
 - reasoning: `[sim:reason=N]` (the reasoning field), `[sim:think=N]`
   (`<think>...</think>` in the content);
-- `[sim:cached=N]`: `usage.prompt_tokens_details.cached_tokens`.
+- `[sim:cached=N]`: `usage.prompt_tokens_details.cached_tokens`, else with
+  `--kv-cache-blocks N` the prefix cache's hit (backends/sim_cache.py).
 
 `response_format` json_schema/json_object makes the content JSON valid for the
 schema; `logprobs`/`top_logprobs` add deterministic logprobs. `--dialect harmony`
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+from backends.sim_cache import BLOCK_TOKENS, PrefixCache, cache_metric_lines, chat_token_ids, reply_ids
 from backends.sim_script import (  # noqa: F401  (VOCAB and the helpers are re-exported)
     VOCAB, SimError, Step, ToolCall, build_script, count_prompt_tokens, cut_steps, error_body,
     generate_tokens, int_marker, last_user_text, logprobs_body, message_fields, parse_markers,
@@ -58,6 +60,9 @@ class SimConfig:
     harmony_vocab_dir: str | None = None
     incremental_streaming_output: bool = False  # SGLang's flag: /generate streams deltas
     no_scale_out: bool = False  # vLLM without --enable-scale-out: no /inference/v1/generate
+    kv_cache_blocks: int = 0  # prefix cache capacity in blocks; 0: no prefix cache
+    kv_block_size: int = BLOCK_TOKENS
+    prefill_us_per_token: float = 0.0  # added to the time to first token per uncached prompt token
 
     @property
     def reasoning_key(self) -> str:
@@ -90,6 +95,7 @@ class Plan:
     drop_after: int | None = None
     hang: bool = False
     status: int | None = None
+    prompt_ids: list[int] | None = None  # for the prefix cache, when it is on
 
     @property
     def tokens(self) -> int:
@@ -157,7 +163,8 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
                 continuous_usage=include_usage and bool(options.get("continuous_usage_stats")),
                 ttft_s=(cfg.ttft_ms if ttft is None else ttft) / 1000,
                 itl_s=(cfg.itl_ms if itl is None else itl) / 1000,
-                drop_after=int_marker(markers, "drop_after"), hang="hang" in markers)
+                drop_after=int_marker(markers, "drop_after"), hang="hang" in markers,
+                prompt_ids=chat_token_ids(messages) if cfg.kv_cache_blocks > 0 else None)
 
 
 def _usage(cfg: SimConfig, plan: Plan, steps: list[Step], stream: bool) -> dict:
@@ -239,7 +246,7 @@ _METRIC_FIELDS = (("running", "gauge", "Requests generating now."),
                   ("generation_tokens", "counter", "Generation tokens processed."))
 
 
-def render_metrics(engine: str, model: str, stats: Stats) -> str:
+def render_metrics(engine: str, model: str, stats: Stats, cache: PrefixCache | None = None) -> str:
     """Prometheus text with the engine's metric and label names."""
     labels = f'model_name="{model}"' if engine == "sglang" else f'engine="0",model_name="{model}"'
     lines: list[str] = []
@@ -252,6 +259,8 @@ def render_metrics(engine: str, model: str, stats: Stats) -> str:
                   f"# TYPE {name} counter"]
         lines += [f'{name}{{{labels},finished_reason="{r}"}} {float(n)}'
                   for r, n in stats.success.items()]
+    if cache is not None:
+        lines += cache_metric_lines(engine, labels, cache)
     return "\n".join(lines) + "\n"
 
 
@@ -265,6 +274,21 @@ class SimWorker:
         self.cfg = cfg
         self.stats = Stats()
         self.slots = asyncio.Semaphore(cfg.max_concurrency)
+        self.cache = PrefixCache(cfg.kv_cache_blocks, cfg.kv_block_size)
+
+    def prefill(self, ids: list[int] | None, n: int, forced: int | None) -> tuple[int | None, float]:
+        """(cached tokens, prefill seconds) for a prompt of n tokens: the prefix
+        cache's hit unless a [sim:cached=N] marker says (None: neither)."""
+        hit = self.cache.lookup(ids) if ids is not None else None
+        cached = min(forced, n) if forced is not None else hit
+        return cached, (n - (cached or 0)) * self.cfg.prefill_us_per_token / 1e6
+
+    def remember(self, plan: Plan) -> None:
+        """Cache the prompt and its answer as the next turn replays them."""
+        if plan.prompt_ids is not None:
+            f = message_fields(plan.steps, plan.calls, plan.forced)
+            calls = [{"function": {"name": c.name, "arguments": a}} for _, c, a in f["tool_calls"]]
+            self.cache.insert(plan.prompt_ids + reply_ids(f["content"], calls))
 
     @contextlib.asynccontextmanager
     async def slot(self, plan: Plan):
@@ -314,7 +338,7 @@ class SimWorker:
         return _json({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = render_metrics(self.cfg.engine, self.cfg.model, self.stats)
+        text = render_metrics(self.cfg.engine, self.cfg.model, self.stats, self.cache)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -334,11 +358,13 @@ class SimWorker:
         async with self.slot(plan):
             if plan.hang:
                 await asyncio.Event().wait()  # cancelled when the client leaves
-            await asyncio.sleep(plan.ttft_s)
+            plan.cached, prefill_s = self.prefill(plan.prompt_ids, plan.prompt_tokens, plan.cached)
+            await asyncio.sleep(plan.ttft_s + prefill_s)
             async for _ in self.produce(plan):
                 pass
             if plan.drop_after is not None:
                 return _drop(request)
+            self.remember(plan)
             self.stats.success["length" if plan.finish_reason == "length" else "stop"] += 1
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         return _json(completion_body(self.cfg, cid, int(time.time()), plan))
@@ -353,7 +379,8 @@ class SimWorker:
             async with self.slot(plan):
                 if plan.hang:
                     await asyncio.Event().wait()  # cancelled when the client leaves
-                await asyncio.sleep(plan.ttft_s)
+                plan.cached, prefill_s = self.prefill(plan.prompt_ids, plan.prompt_tokens, plan.cached)
+                await asyncio.sleep(plan.ttft_s + prefill_s)
                 sent: list[Step] = []
                 first = {"role": "assistant", "content": ""}
                 await _send(resp, chunk_body(cfg, cid, created, first, usage=self._running(
@@ -367,6 +394,7 @@ class SimWorker:
                                                  usage=self._running(plan, sent)))
                 if plan.drop_after is not None:
                     return _drop(request)
+                self.remember(plan)
                 await _send(resp, chunk_body(cfg, cid, created, {}, plan.finish_reason,
                                              usage=self._running(plan, sent)))
                 if plan.include_usage:
@@ -448,6 +476,11 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
                    help="vLLM started without --enable-scale-out: /inference/v1/generate answers 404")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="SGLang: /generate streams deltas instead of cumulative text/output_ids")
+    p.add_argument("--kv-cache-blocks", type=int, default=0,
+                   help="prefix cache capacity in blocks (LRU); 0: no prefix cache")
+    p.add_argument("--kv-block-size", type=int, default=BLOCK_TOKENS, help="tokens per cache block")
+    p.add_argument("--prefill-us-per-token", type=float, default=0.0,
+                   help="time to first token grows by this per uncached prompt token")
     return SimConfig(**vars(p.parse_args(argv)))
 
 

@@ -4,9 +4,10 @@ Markers of the prompt's last user message: [sim:tokens=N] final words,
 [sim:reason=N] analysis words (0: none), [sim:call=A,B] (arguments: the required
 top-level fields of the developer message's tool types), [sim:builtin=browser.search
 |python], [sim:preamble] (commentary before the final), [sim:garbage=N] (N random
-ids, <|return|>), [sim:chunk=N] ids per frame, [sim:error_after=K], [sim:cached=N],
-and sim.py's timing and failures; a last tool message gets "tool said: ...". gpt-oss
-ends a turn at its first <|call|>: all calls but the last end with <|end|>.
+ids, <|return|>), [sim:chunk=N] ids per frame, [sim:error_after=K], [sim:cached=N]
+(else the prefix cache's hit on the prompt ids), and sim.py's timing and failures;
+a last tool message gets "tool said: ...". gpt-oss ends a turn at its first
+<|call|>: all calls but the last end with <|end|>.
 """
 
 from __future__ import annotations
@@ -220,7 +221,9 @@ class HarmonySim:
                      cfg.itl_ms if int_marker(m, "itl_ms") is None else int_marker(m, "itl_ms"))
         if "hang" in m:
             await run.abort.wait()
-        await self._wait(run, ttft / 1000)
+        cached, prefill_s = self.worker.prefill(run.prompt, len(run.prompt), int_marker(m, "cached"))
+        run.cached = cached or 0  # the prefix cache's hit on the real ids, unless a marker says
+        await self._wait(run, ttft / 1000 + prefill_s)
         cuts = {k: int_marker(m, k) for k in ("drop_after", "error_after")}
         limit = min([len(run.ids), *(v for v in cuts.values() if v is not None)])
         while len(run.sent) < limit:
@@ -266,6 +269,7 @@ class HarmonySim:
             self.runs.pop(run.rid, None)
             if run.done:
                 self.worker.stats.success["length" if run.finish == "length" else "stop"] += 1
+                self.worker.cache.insert(run.prompt + run.sent)
         return resp
 
     def error_body(self, status: int, message: str, param: str | None = None) -> dict:
