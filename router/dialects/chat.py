@@ -18,7 +18,7 @@ from router.protocol.errors import InvalidRequest
 from router.protocol.ids import new_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
-from router.protocol.tools import ToolSet, engine_name
+from router.protocol.tools import FIND_IN_PAGE, OPEN_PAGE, ToolSet, engine_name
 
 ReasoningEffortAs = Literal["reasoning_effort", "enable_thinking", "thinking", "drop"]
 
@@ -54,12 +54,24 @@ def _router_call(item: Item) -> tuple[str, str, str]:
             output = f"error: {orjson.dumps(item['error']).decode()}"
         return engine_name(f"mcp__{item['server_label']}__{item['name']}", None), item.get("arguments") or "{}", output
     if kind == "web_search_call":
-        query = (item.get("action") or {}).get("query", "")
-        sources = (item.get("action") or {}).get("sources") or []
-        fallback = "\n".join(s.get("url", "") for s in sources) or "(results not kept)"
-        return "web_search", orjson.dumps({"query": query}).decode(), item.get("_output") or fallback
+        name, arguments, fallback = _web_search_call(item.get("action") or {})
+        return name, orjson.dumps(arguments).decode(), item.get("_output") or fallback
     logs = "\n".join(o.get("logs", "") for o in item.get("outputs") or () if o.get("type") == "logs")
     return "python", orjson.dumps({"code": item.get("code", "")}).decode(), item.get("_output") or logs or "(output not kept)"
+
+
+def _web_search_call(action: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
+    """(function, arguments, result when the text was not kept) of a web_search_call: the function the model
+    called for its action, with the page it read named by URL (as the function takes it)."""
+    url = action.get("url")
+    if action.get("type") == "open_page":
+        return OPEN_PAGE, {"url": url} if url else {}, f"{url}\n\n(page text not kept)" if url else "(no page opened)"
+    if action.get("type") == "find":
+        arguments = {"pattern": action.get("pattern", ""), **({"url": url} if url else {})}
+        return FIND_IN_PAGE, arguments, f"{url}\n\n(find results not kept)" if url else "(no page searched)"
+    sources = action.get("sources") or []
+    fallback = "\n".join(s.get("url", "") for s in sources) or "(results not kept)"
+    return "web_search", {"query": action.get("query", "")}, fallback
 
 
 # -- request --------------------------------------------------------------------------

@@ -4,7 +4,10 @@ Function tools (also inside ``namespace`` tools) and ``custom`` tools are
 offered to the engine as functions under names it accepts; ``ToolSet`` maps
 those names back to ``{name, namespace, kind}`` on the way out. Built-in
 tools (web_search, mcp, ...) run on the router: until a backend serves them
-they are echoed in ``tools`` and not offered.
+they are echoed in ``tools`` and not offered. A served ``web_search`` is
+three functions for chat models (``web_search``, ``web_search__open_page``,
+``web_search__find_in_page``: namespaced like ``mcp__<label>__<tool>``) and
+gpt-oss's own ``browser.search/open/find`` for harmony models.
 """
 
 from __future__ import annotations
@@ -25,6 +28,28 @@ BUILTIN_TYPES = frozenset({
     "apply_patch", "tool_search", "programmatic_tool_calling",
 })
 _ENGINE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+# The browsing functions chat models get beside ``web_search`` (``{namespace}__{name}``, as client namespaces are).
+OPEN_PAGE = "web_search__open_page"
+FIND_IN_PAGE = "web_search__find_in_page"
+_SEARCH_PARAMETERS = {"type": "object", "properties": {"query": {"type": "string", "description": "What to search for."}},
+                      "required": ["query"]}
+_OPEN_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "description": "The URL of a page that a web_search result listed."},
+        "result": {"type": "integer", "minimum": 1, "description": "The number of a result of the last web_search: 1 for [1]."},
+    },
+}
+_FIND_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "pattern": {"type": "string", "description": "The text to look for (case-insensitive)."},
+        "url": {"type": "string", "description": "The page to search; the page opened last when not given."},
+    },
+    "required": ["pattern"],
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +135,7 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
                 else:
                     raise InvalidRequest(f"{inner_where}.type must be function or custom", param=f"{inner_where}.type")
         elif kind in WEB_SEARCH_TYPES and "web_search" in runnable:
-            _offer(toolset, OfferedTool("web_search", "web_search", "web_search", None,
-                                        "Search the web. Returns the top results with their URLs.",
-                                        {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-                                        False, config=tool), alias="browser.search")
-            # gpt-oss's browser also opens a result and finds text in it: the same backend, not offered to chat models.
-            for action, recipient in (("open_page", "browser.open"), ("find", "browser.find")):
-                toolset.by_engine_name[recipient] = OfferedTool(recipient, "web_search", action, None, None, {}, False,
-                                                                config=tool)
+            _offer_web_search(toolset, tool)
         elif kind == "code_interpreter" and "code_interpreter" in runnable:
             _offer(toolset, OfferedTool("python", "code_interpreter", "python", None,
                                         "Run Python code in a sandbox; files persist in the container between calls.",
@@ -165,6 +183,26 @@ def _offer(toolset: ToolSet, tool: OfferedTool, alias: str | None = None) -> Non
     toolset.by_engine_name[tool.engine_name] = tool
     if alias is not None:  # harmony models call built-ins by their own names
         toolset.by_engine_name[alias] = tool
+
+
+def _offer_web_search(toolset: ToolSet, tool: dict[str, Any]) -> None:
+    """Search, open a result, find text in it: three functions for chat models, gpt-oss's browser for harmony ones.
+
+    Every one is kind ``web_search`` (its output item is a ``web_search_call``); ``name`` is the item's
+    action: search, open_page or find.
+    """
+    _offer(toolset, OfferedTool("web_search", "web_search", "web_search", None,
+                                "Search the web. Returns the top results, numbered [1], [2], ..., with their URLs; "
+                                f"read one with {OPEN_PAGE}.", _SEARCH_PARAMETERS, False, config=tool),
+           alias="browser.search")
+    _offer(toolset, OfferedTool(OPEN_PAGE, "web_search", "open_page", None,
+                                "Open a page that web_search found and read its text. Give the result's number "
+                                "(result: 1 for [1] of the last search) or its url.", _OPEN_PARAMETERS, False, config=tool),
+           alias="browser.open")
+    _offer(toolset, OfferedTool(FIND_IN_PAGE, "web_search", "find", None,
+                                "Find the lines of a page that contain a text: the page opened last, or the result "
+                                "page url names.", _FIND_PARAMETERS, False, config=tool),
+           alias="browser.find")
 
 
 def _mcp_allowed(allowed: Any, tool: dict[str, Any]) -> bool:
@@ -221,8 +259,11 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
         mode = choice.get("mode", "auto")
         if mode not in ("auto", "required"):
             raise InvalidRequest("tool_choice.mode must be auto or required", param="tool_choice.mode")
-        allowed = {(t.get("type"), t.get("name")) for t in choice.get("tools") or []}
-        keep = [t for t in toolset.offered if (t.kind, t.name) in allowed]
+        allowed = {("web_search" if t.get("type") in WEB_SEARCH_TYPES else t.get("type"), t.get("name"))
+                   for t in choice.get("tools") or []}
+        # A built-in tool is allowed by its type (web_search keeps its open_page and find functions).
+        keep = [t for t in toolset.offered if (t.kind, t.name) in allowed
+                or (t.kind in ("web_search", "code_interpreter") and (t.kind, None) in allowed)]
         toolset.offered = keep
         return ToolChoice(mode=mode)
     raise InvalidRequest(f"tool_choice type {kind!r} is not supported yet", param="tool_choice.type",

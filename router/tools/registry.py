@@ -128,37 +128,89 @@ class RouterTools:
 
 
     async def _browse(self, name: str, arguments: dict[str, Any], browser: Browsing) -> CallOutcome:
-        """gpt-oss's browser.open / browser.find on the search backend (only pages its results named)."""
-        target = arguments.get("id")
-        if name == "find":
-            url = browser.last_page
-        elif isinstance(target, str) and target.startswith(("http://", "https://")):
-            url = target
-        elif isinstance(target, int) and 0 <= target < len(browser.links):
-            url = browser.links[target]
-        else:
-            url = browser.links[0] if browser.links and target is None else None
+        """Open a page a search named, or find text in one: gpt-oss's browser.open/find and the chat
+        models' web_search__open_page/find_in_page, on the search backend (which opens only pages its
+        results named, or the allowlist passes)."""
+        url = _page_url(name, arguments, browser)
         if url is None:
-            return CallOutcome("error: no such page (search first, then open a result by its number)",
+            return CallOutcome("error: no such page (search first, then open a result by its number or URL)",
                                error={"message": "no page to open"})
         try:
             text = await self.search.open_page(url)
         except Exception as exc:  # noqa: BLE001 - the model reads the failure
             return CallOutcome(f"error: could not open {url}: {exc}", output=url, error={"message": str(exc)})
         browser.last_page = url
+        title = getattr(self.search, "title", lambda _url: None)(url) or url
+        sources = [{"type": "url", "url": url, "title": title}]  # what the answer may cite
         if name == "open_page":
-            return CallOutcome(f"{url}\n\n{text[:4000]}", output=url)
+            return CallOutcome(f"{url}\n\n{text[:PAGE_PROMPT_CHARS]}", output=url, sources=sources)
         pattern = str(arguments.get("pattern", ""))
         lines = [line for line in text.splitlines() if pattern and pattern.lower() in line.lower()]
-        return CallOutcome("\n".join(lines[:20]) or f"{pattern!r} not found in {url}", output=url)
+        if not lines:
+            return CallOutcome(f"{pattern!r} not found in {url}", output=url, sources=sources)
+        return CallOutcome(f"{url}\n\n" + "\n".join(lines[:FIND_LINES]), output=url, sources=sources)
+
+
+PAGE_PROMPT_CHARS = 4000  # of an opened page, what the model reads
+FIND_LINES = 20  # of a find, the matching lines the model reads
+
+
+def _is_url(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
+
+
+def _page_url(name: str, arguments: dict[str, Any], browser: Browsing) -> str | None:
+    """The page a call means.
+
+    open_page: ``url`` (chat) or a URL ``id`` (gpt-oss); else ``result``, numbered from 1 as the search
+    listing shows (chat); else ``id``, a link numbered from 0 (gpt-oss; none: the first). find: ``url``
+    (chat) if it is one, else the page opened last. A ``url`` that is not an http(s) URL counts as not given.
+    """
+    if name == "find":
+        return arguments["url"] if _is_url(arguments.get("url")) else browser.last_page
+    for key in ("url", "id"):
+        if _is_url(arguments.get(key)):
+            return arguments[key]
+    result = arguments.get("result")
+    if isinstance(result, str) and result.strip().isdigit():
+        result = int(result)
+    if isinstance(result, int) and not isinstance(result, bool):
+        return browser.links[result - 1] if 1 <= result <= len(browser.links) else None
+    target = arguments.get("id")
+    if isinstance(target, int) and not isinstance(target, bool):
+        return browser.links[target] if 0 <= target < len(browser.links) else None
+    return browser.links[0] if browser.links and target is None else None
 
 
 @dataclass(slots=True)
 class Browsing:
-    """One response's browser: the links its searches returned, in order, and the page it opened last."""
+    """A conversation's browser: the links its newest search returned, in order, and the page it read last.
+
+    Nothing of it lives between requests: ``from_items`` rebuilds it from the conversation's items
+    (history, then this response's calls so far), so it is the same after ``previous_response_id``, with
+    a full history sent back, and from one turn of the loop to the next. What may be opened is not
+    decided here: the search backend opens only pages its own results named.
+    """
 
     links: list[str] = field(default_factory=list)
     last_page: str | None = None
+
+    @classmethod
+    def from_items(cls, items: list[dict[str, Any]]) -> Browsing:
+        browser = cls()
+        found_links = False
+        for item in reversed(items):
+            if item.get("type") != "web_search_call" or item.get("status", "completed") != "completed":
+                continue
+            action = item.get("action") or {}
+            if action.get("type") == "search" and isinstance(action.get("sources"), list) and not found_links:
+                browser.links = [s["url"] for s in action["sources"] if isinstance(s, dict) and isinstance(s.get("url"), str)]
+                found_links = True  # the newest search that answered; one with no results leaves no links
+            elif action.get("type") in ("open_page", "find") and browser.last_page is None and _is_url(action.get("url")):
+                browser.last_page = action["url"]
+            if found_links and browser.last_page is not None:
+                break
+        return browser
 
 
 async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer],

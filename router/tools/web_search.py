@@ -124,19 +124,26 @@ class HttpJsonSearch:
         self.max_page_chars = max_page_chars
         self.allow_private_results = allow_private_results
         self.headers = {"User-Agent": USER_AGENT, **(headers or {})}
-        # URLs this backend returned, so open_page can fetch them (bounded, oldest forgotten first).
-        self._results: OrderedDict[str, None] = OrderedDict()
+        # URLs this backend returned, so open_page can fetch them (bounded, oldest forgotten first), with their titles.
+        self._results: OrderedDict[str, str] = OrderedDict()
 
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers, trust_env=False
         )
 
-    def _remember(self, url: str) -> None:
-        self._results[url] = None
+    def _remember(self, url: str, title: str) -> None:
+        self._results[url] = title
         self._results.move_to_end(url)
         while len(self._results) > REMEMBERED_RESULTS:
             self._results.popitem(last=False)
+
+    def title(self, url: str) -> str | None:
+        """The title a search result gave this page, while it is remembered (for citations of opened pages)."""
+        try:
+            return self._results.get(self._key(url))
+        except (UrlNotAllowed, ValueError):
+            return None
 
     def _key(self, url: str) -> str:
         u = normalize_url(url)
@@ -173,8 +180,8 @@ class HttpJsonSearch:
                 key = self._key(url)
             except UrlNotAllowed:
                 continue  # not http(s), or not a URL we could ever fetch
-            self._remember(key)
             title = " ".join(str(entry.get("title") or url).split())
+            self._remember(key, title)
             snippet = " ".join(str(entry.get("content") or "").split())
             results.append(SearchResult(title=title, url=url, snippet=snippet))
         return results

@@ -68,7 +68,6 @@ class ResponseRun:
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     _tool_calls_run: int = 0
     _timer: Any = None
-    _browser: Browsing | None = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
@@ -243,19 +242,8 @@ class ResponseRun:
         return events
 
     def _browsing(self) -> Browsing:
-        """The links earlier searches of this conversation returned (newest search first), for browser.open."""
-        if self._browser is None:
-            self._browser = Browsing()
-            for item in reversed(self.prompt_items):
-                if item.get("type") == "web_search_call":
-                    sources = (item.get("action") or {}).get("sources") or []
-                    if sources and not self._browser.links:
-                        self._browser.links = [s["url"] for s in sources if isinstance(s, dict) and "url" in s]
-                    if self._browser.last_page is None and (item.get("action") or {}).get("type") == "open_page":
-                        self._browser.last_page = (item.get("action") or {}).get("url")
-        if self._assembler.sources:  # this response's own search wins
-            self._browser.links = list(self._assembler.sources)
-        return self._browser
+        """The conversation's browser (the newest search's links, the page read last), from its items so far."""
+        return Browsing.from_items(self.prompt_items)
 
     @property
     def _max_turns(self) -> int:

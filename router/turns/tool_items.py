@@ -88,10 +88,11 @@ class RouterCallItem(OpenItem):
             item["output"], item["error"] = output, error
         elif self.kind == "code_interpreter":
             item["outputs"] = outputs
-        elif sources is not None:
-            item["action"]["sources"] = sources
-        elif self.kind == "web_search" and output is not None and item["action"]["type"] != "search":
-            item["action"]["url"] = output  # open_page / find: the page it read
+        elif item["action"]["type"] == "search":
+            if sources is not None:
+                item["action"]["sources"] = sources
+        elif output is not None:
+            item["action"]["url"] = output  # open_page / find: the page it read (its sources are only for citations)
         failed = error is not None
         events.append(self._event(".failed" if failed and self.kind == "mcp" else ".completed"))
         self._done(events, "failed" if failed else "completed")
@@ -108,12 +109,22 @@ class RouterCallItem(OpenItem):
 
 
 def _search_action(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The web_search_call ``action`` for what the model asked: search, open_page or find."""
+    """The web_search_call ``action`` for what the model asked: search, open_page or find.
+
+    A page the model named by URL (chat: ``url``; gpt-oss: a URL ``id``) is in it at once; one named by
+    number, or the page opened last, once the call ran.
+    """
     if name == "open_page":
-        return {"type": "open_page", "url": arguments.get("id") if isinstance(arguments.get("id"), str) else None}
+        url = next((v for v in (arguments.get("url"), arguments.get("id")) if _is_url(v)), None)
+        return {"type": "open_page", "url": url}
     if name == "find":
-        return {"type": "find", "pattern": str(arguments.get("pattern", "")), "url": None}
+        url = arguments.get("url")
+        return {"type": "find", "pattern": str(arguments.get("pattern", "")), "url": url if _is_url(url) else None}
     return {"type": "search", "query": str(arguments.get("query", ""))}
+
+
+def _is_url(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
 
 
 class ApprovalRequestItem(OpenItem):
