@@ -8,7 +8,9 @@ import os
 import shutil
 import socket
 import struct
+import sqlite3
 import tempfile
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +18,17 @@ from pathlib import Path
 import pytest
 
 from router.tools import code_interpreter as ci_mod
+from router.tools import sandbox as sandbox_mod
 from router.tools.code_interpreter import CodeInterpreter, CodeResult, SandboxLimits
 
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    # Not tmp_path: /tmp/pytest-of-root is 0700, and the sandbox uid must pass through.
-    path = Path(tempfile.mkdtemp(prefix="ci-test-"))
+    # Under a 0700 folder on purpose: the container folder is bound into the sandbox's own
+    # root, so no host path needs to be open to the sandbox uid.
+    path = Path(tempfile.mkdtemp(prefix="ci-test-")) / "root"
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def run(root: Path, code: str, container: str = "c1", **limits: float) -> CodeResult:
@@ -76,7 +80,7 @@ def test_isolation(root: Path) -> None:
         "try:\n    input()\nexcept EOFError:\n    print('stdin at EOF')\n"
     )
     out = logs(run(root, code))
-    assert out == f"['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR'] 1 1 True {root / 'c1'}\nstdin at EOF\n"
+    assert out == "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR'] 1 1 True /mnt/data\nstdin at EOF\n"
 
 
 def test_state_persists_per_container(root: Path) -> None:
@@ -93,7 +97,7 @@ def test_state_persists_per_container(root: Path) -> None:
     assert write.exit_code == 0
     assert logs(read_same) == "kept\n"
     assert logs(read_other) == "False\n"
-    assert "PermissionError" in logs(peek)  # another container's uid cannot read it either
+    assert "FileNotFoundError" in logs(peek)  # another container's folder is not even in its root
     assert not (root / "a").exists() and (root / "b").exists()
 
 
@@ -161,9 +165,10 @@ def test_refuses_without_network_namespace(root: Path, monkeypatch: pytest.Monke
         def unshare(self, flags: int) -> int:
             return -1
 
-    monkeypatch.setattr(ci_mod, "_libc", NoUnshare())
+    monkeypatch.setattr(sandbox_mod, "_libc", NoUnshare())
     result = run(root, "open('ran', 'w').close()")
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
+    assert "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)" in (result.error or "")
     assert not (root / "c1" / "ran").exists()
 
 
@@ -239,3 +244,138 @@ def test_containers_run_concurrently(root: Path) -> None:
         return await asyncio.gather(*(ci.run(f"print({i})", f"c{i}") for i in range(4)))
 
     assert [logs(r) for r in asyncio.run(go())] == ["0\n", "1\n", "2\n", "3\n"]
+
+
+def probe(paths: list[str]) -> str:
+    """Program text that prints, per path, 'missing', 'denied' or what it found (a listing or the start of the file)."""
+    return (
+        "import os\n"
+        f"for p in {paths!r}:\n"
+        "    try:\n"
+        "        print(p, sorted(os.listdir(p)) if os.path.isdir(p) else open(p).read()[:60].rstrip())\n"
+        "    except FileNotFoundError:\n        print(p, 'missing')\n"
+        "    except PermissionError:\n        print(p, 'denied')\n"
+    )
+
+
+def test_host_files_are_invisible(root: Path) -> None:
+    # A world-readable folder and files on the host, a SQLite store among them: none may show.
+    host = Path(tempfile.mkdtemp(prefix="ci-host-"))
+    try:
+        host.chmod(0o755)
+        (host / "secret.txt").write_text("host secret")
+        db = host / "store.db"
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE t (x TEXT)")
+        for f in (host / "secret.txt", db):
+            f.chmod(0o644)
+        checkout = Path(__file__).resolve().parents[1]
+        paths = ["/etc/hostname", "/etc/shadow", "/etc/hosts", str(host), str(host / "secret.txt"), str(db),
+                 str(checkout), str(checkout / "pyproject.toml"), "/work", "/home", "/var", "/sys", "/boot",
+                 str(root), str(root / "c1")]
+        out = logs(run(root, probe(paths)))
+        assert out.splitlines() == [f"{p} missing" for p in paths]
+        assert "host secret" in (host / "secret.txt").read_text()  # it was readable to anyone on the host
+    finally:
+        shutil.rmtree(host)
+
+
+def test_root_holds_only_the_interpreter_and_the_system(root: Path) -> None:
+    ci = CodeInterpreter(root, SandboxLimits())
+    code = probe(["/", "/etc", "/etc/passwd", "/etc/group", "/root", "/mnt", "/dev"]) + (
+        "import pwd\nprint('me', pwd.getpwuid(os.getuid()).pw_name)\n"
+        "print('urandom', len(open('/dev/urandom', 'rb').read(8)), 'null', open('/dev/null', 'w').write('x'))\n"
+        "for p in ['/x', '/etc/passwd', '/usr/evil', '/dev/evil', '/proc/evil']:\n"
+        "    try:\n        open(p, 'w')\n        print('WROTE', p)\n"
+        "    except OSError as e:\n        print('read-only', p, e.errno)\n"
+    )
+    uid = ci_mod._sandbox_uid("c1")
+    out = logs(asyncio.run(ci.run(code, "c1"))).splitlines()
+    # The prefixes of an interpreter that lives outside /usr appear as bare paths, nothing beside them.
+    under_root = sorted({p.split("/")[2] for p in ci._prefixes if p.startswith("/root/")})
+    tops = sorted({"dev", "etc", "mnt", "proc", "tmp", "usr"} | {p.split("/")[1] for p in ci._prefixes}
+                  | {d for d in ("bin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{d}")})
+    assert out[0] == f"/ {tops}"
+    assert out[1:7] == [
+        "/etc ['group', 'passwd']",
+        f"/etc/passwd sandbox:x:{uid}:{uid}:sandbox:/mnt/data:/bin/false",
+        f"/etc/group sandbox:x:{uid}:",
+        f"/root {under_root}" if under_root else "/root missing",
+        "/mnt ['data']",
+        "/dev ['fd', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']",
+    ]
+    assert out[7:9] == ["me sandbox", "urandom 8 null 1"]
+    assert len(out) == 14 and all(line.startswith("read-only ") for line in out[9:]), out
+
+
+def test_proc_shows_only_the_programs_processes(root: Path) -> None:
+    code = (
+        "import os, time\n"
+        "child = os.fork()\n"
+        "if child == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+        "print(os.getpid(), child, sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[1:3])\n"
+        "os.kill(child, 9)\nos.waitpid(child, 0)\n"
+    )
+    out = logs(run(root, code)).splitlines()
+    pid, child = 1, int(out[0].split()[1])
+    assert out[0] == f"{pid} {child} [1, {child}]"
+    assert out[1] == "[b'-I', b'-S']"  # PID 1 is the program itself: no router, no launcher, no host
+
+
+def test_tmp_is_private_and_fresh(root: Path) -> None:
+    name = f"ci-tmp-{uuid.uuid4().hex}"
+    host_marker = Path(tempfile.gettempdir()) / f"{name}-host"
+    host_marker.write_text("host")
+    host_marker.chmod(0o644)
+    try:
+        async def go() -> list[CodeResult]:
+            ci = CodeInterpreter(root, SandboxLimits(tmp_mb=1))
+            write = await ci.run(f"import os\nprint(os.listdir('/tmp'))\nopen('/tmp/{name}', 'w').write('mine')\n"
+                                 f"print(open('/tmp/{name}').read())", "a")
+            again = await ci.run("import os; print(os.listdir('/tmp'))", "a")
+            other = await ci.run("import os; print(os.listdir('/tmp'))", "b")
+            full = await ci.run("open('/tmp/big', 'wb').write(b'x' * (2 << 20))", "a")
+            return [write, again, other, full]
+
+        write, again, other, full = asyncio.run(go())
+        assert logs(write) == "[]\nmine\n"
+        assert not (Path(tempfile.gettempdir()) / name).exists() and not Path("/tmp", name).exists()
+        assert logs(again) == "[]\n" and logs(other) == "[]\n"  # gone with the run; never shared
+        assert full.exit_code == 1 and "No space left on device" in logs(full)  # tmp_mb caps it
+    finally:
+        host_marker.unlink()
+
+
+def test_scratch_folder_is_mnt_data_and_persists(root: Path) -> None:
+    async def go() -> list[CodeResult]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        write = await ci.run("open('/mnt/data/out.txt', 'w').write('kept')\nopen('rel.txt', 'w').write('too')", "a")
+        same = await ci.run("import os; print(sorted(os.listdir('/mnt/data')), open('/mnt/data/out.txt').read())", "a")
+        other = await ci.run("import os; print(sorted(os.listdir('/mnt/data')))", "b")
+        return [write, same, other]
+
+    write, same, other = asyncio.run(go())
+    assert write.exit_code == 0
+    assert logs(same) == "['out.txt', 'rel.txt'] kept\n"
+    assert logs(other) == "[]\n"
+    assert (root / "a" / "out.txt").read_text() == "kept"  # the host folder is what was written
+
+
+def test_failed_mount_refuses(root: Path) -> None:
+    ci = CodeInterpreter(root, SandboxLimits())
+    ci._prefixes = [*ci._prefixes, "/no-such-prefix"]
+    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1"))
+    assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
+    assert "mount /no-such-prefix" in (result.error or "") and "No such file or directory" in (result.error or "")
+    assert not (root / "c1" / "ran").exists()
+
+
+def test_failed_proc_mount_refuses(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = sandbox_mod.LAUNCHER.replace('b"/proc", b"proc"', 'b"/no-such-dir", b"proc"')
+    assert broken != sandbox_mod.LAUNCHER
+    monkeypatch.setattr(sandbox_mod, "LAUNCHER", broken)
+    result = run(root, "open('ran', 'w').close()")
+    assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
+    assert "sandbox PID 1" in (result.error or "") and "/proc" in (result.error or "")
+    assert not (root / "c1" / "ran").exists()

@@ -1,19 +1,36 @@
 """Backend of the ``code_interpreter`` tool: model-written Python in a sandboxed subprocess.
 
-Model code is hostile, so every run is set up in the forked child before exec
-(``_sandbox_preexec``), and any failure there means the code does not run:
+Model code is hostile, so every run is set up in the forked child before exec (the
+preexec of ``router.tools.sandbox``) and in the PID 1 of its namespaces; any failure there
+means the code does not run, and the result says which step failed. The layers:
 
 - new network namespace: only a downed loopback, so neither the host's loopback nor
   the internet is reachable. No namespace, no run; never a fallback.
 - new PID namespace whose PID 1 is the program (it dies with the launcher through
   PDEATHSIG): when it ends, the kernel kills all it left, even ``setsid()`` escapees,
-  and nothing in it can see or signal the router.
+  and nothing in it can see or signal the router. Its ``/proc`` is mounted fresh from
+  inside, so it lists only the program's own processes.
+- new mount namespace (all mounts private) and ``pivot_root`` into a per-run tmpfs root,
+  read-only, holding only read-only binds of ``/usr`` (``/lib*``, ``/bin`` as the host
+  has them) and of the base interpreter's prefix, a minimal ``/dev`` (null, zero, random,
+  urandom), a generated ``/etc/passwd`` naming only the sandbox uid, a fresh size-limited
+  tmpfs at ``/tmp`` (``tmp_mb``, gone when the run ends, never shared), and the
+  container's folder read-write at ``/mnt/data`` (the cwd and ``$HOME``). Nothing else of
+  the host is visible: not /etc, /root, /home, the checkout, the config, the store, other
+  containers' folders, nor the host's /tmp. The mounts vanish with the namespace.
 - an unprivileged uid per container (the router runs as root): no capabilities (no
-  ``setns`` back to the host network, no writing root's files, no reading other
-  containers' folders), and RLIMIT_NPROC counts, which it never does for root.
-- rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0; ``python -I -S -u``; a minimal env;
-  cwd = the container folder; code on stdin, which then stays at EOF; bounded output;
-  a wall-clock timeout that SIGKILLs the process group.
+  ``setns`` back to the host network, no remounting, no writing root's files), and
+  RLIMIT_NPROC counts, which it never does for root. The interpreter is the base one
+  (never the venv), run as ``python -I -S -u``.
+- rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0 per process; no cgroup: memory and
+  processes are capped per process and per uid, not for the run as a whole (this host
+  has cgroup v2 without controllers; a per-run cgroup is future work). A minimal env;
+  code on stdin, which then stays at EOF; bounded output; a wall-clock timeout that
+  SIGKILLs the process group.
+
+The container folders live under ``root`` (0700, the router's alone: the sandbox reaches
+its folder only through the bind). ``root/.newroot`` is the empty mount point each run
+builds its tmpfs root on, inside its own mount namespace.
 """
 
 from __future__ import annotations
@@ -37,38 +54,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from router.tools import sandbox
+
 __all__ = ["CodeInterpreter", "CodeResult", "SandboxLimits"]
 
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWPID = 0x20000000
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _UID_BASE, _UID_SPAN = 1 << 30, 1 << 30  # far above real users and common subuid ranges
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGES, MAX_IMAGE_BYTES, MAX_SCAN_ENTRIES = 8, 4 << 20, 20_000
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child must not import or load
-
-# The exec'd child is outside the new PID namespace (only its children enter it): it
-# forks PID 1, the program, and mirrors its exit status, signal deaths included. On
-# SIGTERM it kills PID 1 and waits, which returns only once the kernel has reaped
-# every process of the namespace: a run ends with nothing of it left.
-_LAUNCHER = """
-import os, signal, sys
-pid = os.fork()
-if pid == 0:
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG
-        os.execv(sys.executable, [sys.executable, "-I", "-S", "-u", "-"])
-    finally:
-        os._exit(127)
-signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-if code < 0:
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-os._exit(code if code >= 0 else 128 - code)
-"""
+_NEWROOT = ".newroot"  # under the root, never a container id: where each run's tmpfs root is built
 
 
 @dataclass
@@ -81,6 +75,7 @@ class SandboxLimits:
     max_output_bytes: int = 64_000  # of stdout+stderr kept; the rest is drained and dropped
     max_files_mb: int = 50  # RLIMIT_FSIZE per file, and the folder's total checked after a run
     max_procs: int = 32  # RLIMIT_NPROC of the container's uid
+    tmp_mb: int = 64  # size of the run's own /tmp (a tmpfs, gone when the run ends)
 
 
 @dataclass
@@ -99,43 +94,31 @@ def _sandbox_uid(container_id: str) -> int:
     return _UID_BASE + int.from_bytes(digest[:4], "big") % _UID_SPAN
 
 
-def _world_usable(path: Path, need: int = stat.S_IXOTH) -> bool:
-    """Whether any uid may reach ``path``: every directory on the way (links too) searchable."""
-    for p in (path.absolute(), path.resolve()):
-        try:
-            if any(not os.stat(d).st_mode & stat.S_IXOTH for d in p.parents) or os.stat(p).st_mode & need != need:
-                return False
-        except OSError:
-            return False
-    return True
+def _sandbox_python() -> tuple[str, list[str]] | None:
+    """A base interpreter the sandbox uid can run, and the host folders to bind for it.
+
+    Resolved paths, so a venv's link is never what runs: ours first, then a system python3.
+    Only the prefix must be open to other users: the folders above it are the new root's own.
+    """
+    base = getattr(sys, "_base_executable", "") or sys.executable
+    found = [(base, True), (sys.executable, True), (shutil.which("python3", path="/usr/local/bin:/usr/bin") or "", False)]
+    for candidate, own in found:
+        if not candidate:
+            continue
+        exe = os.path.realpath(candidate)
+        prefixes = sandbox.interpreter_prefixes(exe, own)
+        if sandbox.world_executable(exe, prefixes):
+            return exe, prefixes
+    return None
 
 
-def _sandbox_python() -> str | None:
-    """An interpreter the sandbox uid can run: ours, unless it sits under a 0700 home (pyenv)."""
-    found = (sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3", path="/usr/local/bin:/usr/bin"))
-    return next((c for c in found if c and _world_usable(Path(c), stat.S_IXOTH | stat.S_IROTH)), None)
-
-
-def _sandbox_preexec(limits: SandboxLimits, uid: int | None) -> Callable[[], None]:
-    """What the child does between fork and exec. Raising here means the code never runs."""
-    rlimits = [
+def _rlimits(limits: SandboxLimits) -> list[tuple[int, int]]:
+    return [
         (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_NPROC, limits.max_procs),
         (resource.RLIMIT_FSIZE, limits.max_files_mb << 20),
         (resource.RLIMIT_CPU, limits.cpu_s),  # soft == hard: SIGKILL, which even a PID 1 gets
         (resource.RLIMIT_AS, limits.memory_mb << 20),  # last: this forked router copy is bigger
     ]
-
-    def enter() -> None:
-        if _libc.unshare(_CLONE_NEWNET | _CLONE_NEWPID) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET | CLONE_NEWPID) failed")
-        if uid is not None:  # from root to non-root: every capability goes
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        for res, value in rlimits:
-            resource.setrlimit(res, (value, value))
-
-    return enter
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -166,6 +149,15 @@ def _read_png(path: Path) -> bytes | None:
     return data if data.startswith(_PNG_MAGIC) and len(data) <= MAX_IMAGE_BYTES else None
 
 
+def _read_status(fd: int) -> str:
+    """What a failed setup step wrote to the status pipe (every writer is closed by now)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace")
+    except BlockingIOError:
+        return ""
+
+
 def _unlink_all(folder: Path, rels: list[str]) -> None:
     """Delete files by snapshot path; the program is dead, so the tree cannot change under us."""
     for rel in rels:
@@ -180,13 +172,13 @@ class CodeInterpreter:
         self.limits = limits
         self.root.mkdir(parents=True, exist_ok=True)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        # As root every run gets its own uid, which must reach its folder and an interpreter.
+        # As root every run gets its own uid; its folder is bound into its root, so no path
+        # on the host needs to be open to it: the root stays the router's alone.
         self._drop = os.geteuid() == 0
-        self.python = _sandbox_python() if self._drop else sys.executable
-        if self._drop:
-            self.root.chmod(0o711)  # others may pass through, not list
-            if not _world_usable(self.root):
-                raise ValueError(f"code interpreter root {self.root}: a parent is not searchable by other users")
+        found = _sandbox_python()
+        self.python, self._prefixes = found if found is not None else (None, [])
+        self.root.chmod(0o700)
+        (self.root / _NEWROOT).mkdir(mode=0o700, exist_ok=True)
 
     def _folder(self, container_id: str) -> Path:
         """The container's folder; the id becomes a path, so it is checked before anything else."""
@@ -202,6 +194,7 @@ class CodeInterpreter:
         return lock
 
     def _prepare(self, folder: Path, uid: int | None) -> dict[str, tuple[int, int]]:
+        (self.root / _NEWROOT).mkdir(mode=0o700, exist_ok=True)
         folder.mkdir(mode=0o700, exist_ok=True)
         if uid is not None:
             os.chown(folder, uid, uid, follow_symlinks=False)
@@ -239,17 +232,37 @@ class CodeInterpreter:
 
     async def _execute(self, code: str, folder: Path, uid: int | None) -> tuple[str, int | None, bool, str | None]:
         """Spawn, feed, read bounded output, enforce the wall clock: (logs, exit code, timed out, refusal)."""
-        home = str(folder)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        assert self.python is not None
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sandbox.DATA_DIR, "TMPDIR": "/tmp",
+               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self.python or sys.executable, "-I", "-S", "-c", _LAUNCHER,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=folder, env=env, start_new_session=True, close_fds=True,
-                preexec_fn=_sandbox_preexec(self.limits, uid),
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            return "", None, False, f"sandbox refused: could not set it up, so the code was not run ({exc})"
+            plan = sandbox.MountPlan(self.root / _NEWROOT, folder, self._prefixes, uid, self.limits.tmp_mb)
+        except ValueError as exc:
+            return "", None, False, f"sandbox refused: {exc}"
+        status_r, status_w = os.pipe()  # setup failures, from the preexec or from PID 1; empty: it ran
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    self.python, "-I", "-S", "-c", sandbox.LAUNCHER, str(-1 if uid is None else uid), str(status_w),
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True, close_fds=True, pass_fds=(status_w,),
+                    preexec_fn=sandbox.preexec(plan, _rlimits(self.limits), status_w),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                os.close(status_w)
+                why = _read_status(status_r) or str(exc)
+                return "", None, False, f"sandbox refused: could not set it up, so the code was not run ({why})"
+            os.close(status_w)
+            logs, timed_out = await self._communicate(proc, code)
+            why = _read_status(status_r)
+        finally:
+            os.close(status_r)
+        if why:
+            return "", None, False, f"sandbox refused: could not set it up, so the code was not run ({why})"
+        return logs, proc.returncode, timed_out, None
+
+    async def _communicate(self, proc: asyncio.subprocess.Process, code: str) -> tuple[str, bool]:
+        """Feed the code, keep bounded output, enforce the wall clock; nothing outlives it."""
         kept = bytearray()
         total = 0
 
@@ -285,7 +298,7 @@ class CodeInterpreter:
         logs = kept.decode("utf-8", "replace")
         if total > len(kept):
             logs += f"\n[output truncated: {total - len(kept)} more bytes not shown]"
-        return logs, proc.returncode, timed_out, None
+        return logs, timed_out
 
     async def close_container(self, container_id: str) -> None:
         """Delete the container's folder (after any run in it ends); rmtree never follows links."""
