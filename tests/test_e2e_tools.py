@@ -172,6 +172,63 @@ def test_web_search(client: openai.OpenAI, servers: dict[str, Any]) -> None:
     assert kinds.index("response.output_text.annotation.added") < kinds.index("response.output_text.done")
 
 
+def test_chat_model_searches_opens_and_finds(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    """A chat model gets web_search__open_page and web_search__find_in_page beside web_search.
+
+    The sim fills arguments from the schema: open_page gets ``result: 1`` (the first result of the last
+    search: [1] Page one) and a ``url`` that is no URL (ignored), find_in_page the pattern "small" (page
+    one has "Small plates on Fridays.") and no URL (so the page opened last). Each step runs streamed and
+    not, on the same previous response, and the two must agree.
+    """
+    base = servers["search"].base
+    page = base + "/page/1"
+    steps = ["look up fish [sim:call=web_search]", "open the first [sim:call=web_search__open_page]",
+             "look for it [sim:call=web_search__find_in_page]"]
+    responses = []
+    opened_before = servers["search"].hits["/page/1"]
+    for text in steps:
+        kwargs: dict[str, Any] = dict(model=MODEL, input=text, tools=[{"type": "web_search"}])
+        if responses:
+            kwargs["previous_response_id"] = responses[-1].id
+        plain = client.responses.create(**kwargs)
+        with client.responses.stream(**kwargs) as stream:
+            events = [e.model_dump() for e in stream]
+            final = stream.get_final_response()
+        check_stream(events)
+        kinds = [e["type"] for e in events]
+        assert kinds.index("response.web_search_call.in_progress") < kinds.index("response.web_search_call.searching") \
+            < kinds.index("response.web_search_call.completed") < kinds.index("response.output_text.done")
+        assert _plain(final.output) == _plain(plain.output) and final.output_text == plain.output_text
+        assert types(plain) == ["web_search_call", "message"] and plain.output[0].status == "completed"
+        responses.append(plain)
+    searched, opened, found = responses
+    assert searched.output[0].action.type == "search" and searched.output_text.startswith("tool said: [1] Page one\n" + page)
+
+    action = opened.output[0].action
+    assert action.type == "open_page" and action.url == page
+    assert opened.output_text.startswith(f"tool said: {page}\n\nFish & chips\n")
+    # The page was fetched four times (opened, then searched in; streamed and not), and the answer that
+    # quotes its URL cites it, with the result's title, though the search was in an earlier response.
+    assert servers["search"].hits["/page/1"] == opened_before + 4
+    citations = opened.output[1].content[0].annotations
+    assert [(c.type, c.url, c.title) for c in citations] == [("url_citation", page, "Page one")]
+    assert opened.output_text[citations[0].start_index:citations[0].end_index] == page
+
+    action = found.output[0].action
+    assert action.type == "find" and action.pattern == "small" and action.url == page
+    assert found.output_text == f"tool said: {page}\n\nSmall plates on Fridays."
+
+    # The next turn's prompt gives the model its own three calls back, as the functions it called.
+    echo = client.responses.create(model=MODEL, input="[sim:echo]", tools=[{"type": "web_search"}],
+                                   previous_response_id=found.id)
+    messages = json.loads(echo.output_text)
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for m in messages for c in m.get("tool_calls") or ()]
+    assert calls == [("web_search", {"query": searched.output[0].action.query}), ("web_search__open_page", {"url": page}),
+                     ("web_search__find_in_page", {"pattern": "small", "url": page})]
+    request = json.loads(client.responses.create(model=MODEL, input="[sim:echo=request]", tools=[{"type": "web_search"}]).output_text)
+    assert [t["function"]["name"] for t in request["tools"]] == ["web_search", "web_search__open_page", "web_search__find_in_page"]
+
+
 def test_code_interpreter(client: openai.OpenAI) -> None:
     response = client.responses.create(model=MODEL, input="run it [sim:call=python]",
                                        tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],

@@ -66,7 +66,7 @@ def _web_search_call(action: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
     url = action.get("url")
     if action.get("type") == "open_page":
         return OPEN_PAGE, {"url": url} if url else {}, f"{url}\n\n(page text not kept)" if url else "(no page opened)"
-    if action.get("type") == "find":
+    if action.get("type") in ("find", "find_in_page"):  # find_in_page: what newer OpenAI SDKs call it
         arguments = {"pattern": action.get("pattern", ""), **({"url": url} if url else {})}
         return FIND_IN_PAGE, arguments, f"{url}\n\n(find results not kept)" if url else "(no page searched)"
     sources = action.get("sources") or []

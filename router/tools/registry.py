@@ -206,7 +206,7 @@ class Browsing:
             if action.get("type") == "search" and isinstance(action.get("sources"), list) and not found_links:
                 browser.links = [s["url"] for s in action["sources"] if isinstance(s, dict) and isinstance(s.get("url"), str)]
                 found_links = True  # the newest search that answered; one with no results leaves no links
-            elif action.get("type") in ("open_page", "find") and browser.last_page is None and _is_url(action.get("url")):
+            elif action.get("type") in ("open_page", "find", "find_in_page") and browser.last_page is None and _is_url(action.get("url")):
                 browser.last_page = action["url"]
             if found_links and browser.last_page is not None:
                 break
