@@ -157,3 +157,11 @@ def test_html_to_text() -> None:
     text = html_to_text(PAGE_1)
     assert text.splitlines()[0] == "Fish & chips"
     assert "<" not in text and "secret" not in text
+
+
+def test_titles_of_results_are_remembered(fake: FakeSearch) -> None:
+    b = backend(fake)
+    assert b.title(fake.base + "/page/1") is None
+    asyncio.run(b.search("fish", max_results=10))
+    assert b.title(fake.base + "/page/1") == "Page one" and b.title(fake.base + "/page/2#top") == "Page two"
+    assert b.title(fake.base + "/secret") is None and b.title("javascript:alert(1)") is None
