@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from backends.sim_cache import BLOCK_TOKENS, PrefixCache, cache_metric_lines, chat_token_ids, reply_ids
+from backends.sim_cache import (BLOCK_TOKENS, Prefill, PrefixCache, cache_metric_lines, chat_token_ids,
+                                reply_ids)
 from backends.sim_script import (  # noqa: F401  (VOCAB and the helpers are re-exported)
     VOCAB, SimError, Step, ToolCall, build_script, count_prompt_tokens, cut_steps, error_body,
     generate_tokens, int_marker, last_user_text, logprobs_body, message_fields, parse_markers,
@@ -275,13 +276,7 @@ class SimWorker:
         self.stats = Stats()
         self.slots = asyncio.Semaphore(cfg.max_concurrency)
         self.cache = PrefixCache(cfg.kv_cache_blocks, cfg.kv_block_size)
-
-    def prefill(self, ids: list[int] | None, n: int, forced: int | None) -> tuple[int | None, float]:
-        """(cached tokens, prefill seconds) for a prompt of n tokens: the prefix
-        cache's hit unless a [sim:cached=N] marker says (None: neither)."""
-        hit = self.cache.lookup(ids) if ids is not None else None
-        cached = min(forced, n) if forced is not None else hit
-        return cached, (n - (cached or 0)) * self.cfg.prefill_us_per_token / 1e6
+        self.prefill = Prefill(self.cache, cfg.prefill_us_per_token)
 
     def remember(self, plan: Plan) -> None:
         """Cache the prompt and its answer as the next turn replays them."""
@@ -358,8 +353,8 @@ class SimWorker:
         async with self.slot(plan):
             if plan.hang:
                 await asyncio.Event().wait()  # cancelled when the client leaves
-            plan.cached, prefill_s = self.prefill(plan.prompt_ids, plan.prompt_tokens, plan.cached)
-            await asyncio.sleep(plan.ttft_s + prefill_s)
+            await asyncio.sleep(plan.ttft_s)
+            plan.cached = await self.prefill.run(plan.prompt_ids, plan.prompt_tokens, plan.cached)
             async for _ in self.produce(plan):
                 pass
             if plan.drop_after is not None:
@@ -379,8 +374,8 @@ class SimWorker:
             async with self.slot(plan):
                 if plan.hang:
                     await asyncio.Event().wait()  # cancelled when the client leaves
-                plan.cached, prefill_s = self.prefill(plan.prompt_ids, plan.prompt_tokens, plan.cached)
-                await asyncio.sleep(plan.ttft_s + prefill_s)
+                await asyncio.sleep(plan.ttft_s)
+                plan.cached = await self.prefill.run(plan.prompt_ids, plan.prompt_tokens, plan.cached)
                 sent: list[Step] = []
                 first = {"role": "assistant", "content": ""}
                 await _send(resp, chunk_body(cfg, cid, created, first, usage=self._running(
@@ -480,7 +475,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
                    help="prefix cache capacity in blocks (LRU); 0: no prefix cache")
     p.add_argument("--kv-block-size", type=int, default=BLOCK_TOKENS, help="tokens per cache block")
     p.add_argument("--prefill-us-per-token", type=float, default=0.0,
-                   help="time to first token grows by this per uncached prompt token")
+                   help="compute per uncached prompt token (one prompt at a time) before the first token")
     return SimConfig(**vars(p.parse_args(argv)))
 
 

@@ -16,6 +16,7 @@ real token ids.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import zlib
 from array import array
@@ -130,6 +131,33 @@ class PrefixCache:
             self._blocks.move_to_end(h)
         while len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)
+
+
+class Prefill:
+    """A worker's prompt phase: the prefix cache's lookup, then the uncached
+    tokens' compute. Prefill is compute-bound, so a worker prefills one prompt
+    at a time (a GPU is not faster for more prompts): a cache miss also delays
+    the prompts queued behind it, as on a real engine under load."""
+
+    def __init__(self, cache: PrefixCache, us_per_token: float) -> None:
+        self.cache = cache
+        self.us_per_token = us_per_token
+        self.gpu = asyncio.Lock()
+
+    def lookup(self, ids: Sequence[int] | None, n: int, forced: int | None) -> tuple[int | None, float]:
+        """(cached tokens, compute seconds) for a prompt of n tokens: the cache's
+        hit unless a [sim:cached=N] marker says (None: neither)."""
+        hit = self.cache.lookup(ids) if ids is not None else None
+        cached = min(forced, n) if forced is not None else hit
+        return cached, (n - (cached or 0)) * self.us_per_token / 1e6
+
+    async def run(self, ids: Sequence[int] | None, n: int, forced: int | None) -> int | None:
+        """Look up, then compute the uncached tokens; the cached token count."""
+        cached, seconds = self.lookup(ids, n, forced)
+        if seconds > 0:
+            async with self.gpu:
+                await asyncio.sleep(seconds)
+        return cached
 
 
 def cache_metric_lines(engine: str, labels: str, cache: PrefixCache) -> list[str]:

@@ -221,9 +221,12 @@ class HarmonySim:
                      cfg.itl_ms if int_marker(m, "itl_ms") is None else int_marker(m, "itl_ms"))
         if "hang" in m:
             await run.abort.wait()
-        cached, prefill_s = self.worker.prefill(run.prompt, len(run.prompt), int_marker(m, "cached"))
+        await self._wait(run, ttft / 1000)
+        cached, prefill_s = self.worker.prefill.lookup(run.prompt, len(run.prompt), int_marker(m, "cached"))
         run.cached = cached or 0  # the prefix cache's hit on the real ids, unless a marker says
-        await self._wait(run, ttft / 1000 + prefill_s)
+        if prefill_s > 0:
+            async with self.worker.prefill.gpu:  # one prompt at a time (backends/sim_cache.py)
+                await self._wait(run, prefill_s)
         cuts = {k: int_marker(m, k) for k in ("drop_after", "error_after")}
         limit = min([len(run.ids), *(v for v in cuts.values() if v is not None)])
         while len(run.sent) < limit:

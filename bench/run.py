@@ -8,7 +8,8 @@ issue and appends it, with the machine's description, to bench/RESULTS.md.
 Phases: (A) one sim + one router: direct chat baseline, chat passthrough
 (when the route exists), /v1/responses non-stream, streaming CPU per token;
 (B) a fresh sim + router: 1,000 concurrent open streams (RSS per stream);
-(C) bench/chain_load.py's run() when that file exists.
+(C) bench/chain_load.py's run() when that file exists; (D) item 7: bench/affinity.py,
+affinity vs round robin on prefix-caching sims (its own workers and routers).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import procs, report, scenarios  # noqa: E402
+from bench import affinity, procs, report, scenarios  # noqa: E402
 from bench.scenarios import Layout, Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -67,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="auto", help="CPU pinning")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
     p.add_argument("--keep", action="store_true", help="keep the work folder (configs, logs, SQLite files)")
-    p.add_argument("--items", default="1,2,3,4,5", help="which items to run, e.g. 2,3 (6 comes with 1 and 2)")
+    p.add_argument("--items", default="1,2,3,4,5,7", help="which items to run, e.g. 2,3 (6 comes with 1 and 2)")
     for name, default in vars(Settings()).items():
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
@@ -138,7 +139,18 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
         if src != procs.ROOT and str(src) not in sys.path:
             sys.path.insert(0, str(src))  # chain_load imports the store in this process: the same code as above
         res["chain"] = scenarios.chain_load()
+    if "7" in items:
+        _step("item 7: affinity vs round robin on prefix-caching sims (bench/affinity.py)")
+        res["affinity"] = affinity.run(affinity.Settings(), workdir)  # not pinned: five processes
     return res
+
+
+def affinity_rows(res: dict[str, Any]) -> list[report.Row]:
+    """Item 7 in the main table: round robin in the baseline column, affinity in the router column."""
+    if "affinity" not in res:
+        return []
+    return [report.Row("7", f"affinity vs round robin: {measure}", rr, af, ratio)
+            for measure, rr, af, ratio in affinity.rows(res["affinity"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] logs kept in {workdir}", file=sys.stderr)
     elapsed = time.perf_counter() - t0
 
-    table = report.markdown_table(report.build_rows(res))
+    table = report.markdown_table(report.build_rows(res) + affinity_rows(res))
     print(table)
     info = procs.machine_info()
     notes = [
@@ -184,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         "CPU: router /proc/PID/stat utime+stime delta over the measured phase (schedstat ns sum as a cross-check), "
         "divided by requests or by tokens delivered (output_text.delta events counted by the client)",
     ]
+    if "affinity" in res:
+        notes.append(f"item 7 (bench/affinity.py): {affinity.describe(res['affinity']['settings'])}; "
+                     "round robin in the sim column, affinity in the router column")
     print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
         with RESULTS.open("a") as f:

@@ -4,6 +4,7 @@ and a conversation that hits the cache through a real router with affinity."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -16,7 +17,7 @@ import pytest
 from backends.engines import kv_cache_usage, waiting_requests
 from backends.pools import KV_LOAD_WEIGHT, Worker
 from backends.sim import SimConfig, SimWorker, Stats, render_metrics
-from backends.sim_cache import (PrefixCache, block_hashes, cache_metric_lines, chat_token_ids,
+from backends.sim_cache import (Prefill, PrefixCache, block_hashes, cache_metric_lines, chat_token_ids,
                                 reply_ids)
 from backends.sim_script import count_prompt_tokens
 from policies.balance import LeastLoad
@@ -101,13 +102,33 @@ def test_prefill_charges_only_uncached_tokens_and_a_marker_wins() -> None:
     worker = SimWorker(SimConfig(kv_cache_blocks=64, kv_block_size=16, prefill_us_per_token=1000))
     ids = chat_token_ids([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}])
     n = len(ids)
-    assert worker.prefill(ids, n, None) == (0, pytest.approx(n / 1000))
-    cached, seconds = worker.prefill(ids, n, None)
+    assert worker.prefill.lookup(ids, n, None) == (0, pytest.approx(n / 1000))
+    cached, seconds = worker.prefill.lookup(ids, n, None)
     assert cached == (n - 1) // 16 * 16 and cached > 0
     assert seconds == pytest.approx((n - cached) / 1000)
-    assert worker.prefill(ids, n, 5) == (5, pytest.approx((n - 5) / 1000))
+    assert worker.prefill.lookup(ids, n, 5) == (5, pytest.approx((n - 5) / 1000))
     off = SimWorker(SimConfig(prefill_us_per_token=1000))
-    assert off.prefill(None, n, None) == (None, pytest.approx(n / 1000))
+    assert off.prefill.lookup(None, n, None) == (None, pytest.approx(n / 1000))
+
+
+
+def test_a_worker_prefills_one_prompt_at_a_time() -> None:
+    async def scenario() -> None:
+        prefill = Prefill(PrefixCache(0), us_per_token=1e6)  # a second per token: only cancels end them
+        first = asyncio.create_task(prefill.run(None, 5, None))
+        second = asyncio.create_task(prefill.run(None, 5, None))
+        await asyncio.sleep(0.01)
+        assert prefill.gpu.locked() and not first.done() and not second.done()
+        # a fully cached prompt computes nothing and does not wait for the GPU
+        assert await asyncio.wait_for(prefill.run(None, 5, 5), 5) == 5
+        first.cancel()
+        await asyncio.sleep(0.01)
+        assert prefill.gpu.locked() and not second.done()  # the second prompt holds it now
+        second.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+        assert not prefill.gpu.locked()
+
+    asyncio.run(scenario())
 
 
 # ---------------------------------------------------------------- metrics and scraping

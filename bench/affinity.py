@@ -1,0 +1,209 @@
+"""Affinity vs round robin on prefix-caching sims: ``.venv/bin/python bench/affinity.py``.
+
+A multi-turn workload: N conversations of M turns run concurrently, each turn
+chained on the previous one with ``previous_response_id`` so its prompt
+extends the last. The pool is several sim workers with a prefix cache
+(``--kv-cache-blocks``) and a prefill cost per uncached token, so a turn that
+lands on the worker holding its prefix reaches its first token sooner. The
+same workload runs twice on fresh workers, once per policy; the client
+measures time to first text delta (streamed) and sums the usage's
+``cached_tokens`` / ``input_tokens``. Also item 7 of ``bench/run.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import procs  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+POLICIES = ("round_robin", "affinity")
+_WORDS = ("pool worker cache prefix block token router stream turn answer queue batch latency model "
+          "engine prompt conversation chain").split()
+
+
+@dataclass
+class Settings:
+    workers: int = 4
+    conversations: int = 32
+    turns: int = 6
+    concurrency: int = 16  # conversations in flight at once
+    instructions_words: int = 300  # a long system prompt per conversation
+    input_words: int = 40  # each user turn
+    answer_tokens: int = 24
+    kv_cache_blocks: int = 1024  # per worker, 16 tokens each
+    prefill_us_per_token: float = 500.0  # 2,000 prompt tokens/s per worker: a large model on one GPU
+    ttft_ms: float = 5.0
+    itl_ms: float = 2.0
+
+
+def _text(conv: int, turn: int, words: int) -> str:
+    return " ".join(_WORDS[(conv * 7 + turn * 3 + i * (i % 5 + 1)) % len(_WORDS)] for i in range(words))
+
+
+def router_toml(port: int, urls: list[str], policy: str) -> str:
+    """bench/procs.py's router config with the pool's policy set."""
+    cfg = procs.router_config(port=port, sim_urls=urls, db_path=f"responses-{port}.db")
+    return cfg.replace('engine = "sim"\n', f'engine = "sim"\npolicy = "{policy}"\n', 1)
+
+
+def start_router(workdir: Path, urls: list[str], policy: str, cpus: list[int] | None) -> procs.Proc:
+    port = procs.free_port()
+    cfg = workdir / f"router-{port}.toml"
+    cfg.write_text(router_toml(port, urls, policy))
+    log_path = workdir / f"router-{port}.log"
+    argv = [sys.executable, "-m", "router", "--config", str(cfg)]
+    proc = procs.Proc("router", procs._spawn("router", argv, log_path, cpus), port, log_path)
+    proc.wait_healthy()
+    return proc
+
+
+async def _conversation(client: Any, s: Settings, conv: int, out: dict[str, list]) -> None:
+    instructions = f"conversation {conv}: " + _text(conv, 0, s.instructions_words)
+    previous = None
+    for turn in range(s.turns):
+        started = time.perf_counter()
+        first = None
+        stream = await client.responses.create(
+            model=procs.MODEL, instructions=instructions, previous_response_id=previous, stream=True,
+            input=f"turn {turn}: {_text(conv, turn + 1, s.input_words)} [sim:tokens={s.answer_tokens}]")
+        async for event in stream:
+            if event.type == "response.output_text.delta" and first is None:
+                first = time.perf_counter() - started
+            elif event.type == "response.completed":
+                usage = event.response.usage
+                previous = event.response.id
+                out["input"].append(usage.input_tokens)
+                out["cached"].append(usage.input_tokens_details.cached_tokens)
+            elif event.type in ("response.failed", "error"):
+                out["errors"].append(event.type)
+        if first is not None:
+            out["ttft"].append(first)
+        if previous is None:  # the chain broke: no later turn can chain on it
+            return
+
+
+async def _drive(base_url: str, s: Settings) -> dict[str, Any]:
+    """Warm the router's connections (one short unstored request per worker), then the measured run."""
+    import openai
+
+    out: dict[str, Any] = {"ttft": [], "input": [], "cached": [], "errors": []}
+    gate = asyncio.Semaphore(s.concurrency)
+    async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+        for _ in range(s.workers):
+            await client.responses.create(model=procs.MODEL, input="warm up [sim:tokens=1]", store=False)
+
+        async def one(conv: int) -> None:
+            async with gate:
+                await _conversation(client, s, conv, out)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(c) for c in range(s.conversations)))
+        out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def run_policy(policy: str, s: Settings, workdir: Path, cpus: list[int] | None = None) -> dict[str, Any]:
+    """One policy on fresh (cold) workers."""
+    extra = ["--kv-cache-blocks", str(s.kv_cache_blocks), "--prefill-us-per-token", str(s.prefill_us_per_token),
+             "--ttft-ms", str(s.ttft_ms)]
+    sims = [procs.start_sim(workdir, cpus=cpus, itl_ms=s.itl_ms, extra=extra) for _ in range(s.workers)]
+    try:
+        router = start_router(workdir, [p.url for p in sims], policy, cpus)
+        try:
+            out = asyncio.run(_drive(router.url, s))
+        finally:
+            router.stop()
+    finally:
+        for p in sims:
+            p.stop()
+    ttft = sorted(out["ttft"])
+    return {"policy": policy, "turns": len(out["input"]), "errors": len(out["errors"]), "wall_s": out["wall_s"],
+            "ttft_mean_ms": statistics.fmean(ttft) * 1000 if ttft else float("nan"),
+            "ttft_p50_ms": ttft[len(ttft) // 2] * 1000 if ttft else float("nan"),
+            "ttft_p95_ms": ttft[int(len(ttft) * 0.95)] * 1000 if ttft else float("nan"),
+            "cached_ratio": sum(out["cached"]) / sum(out["input"]) if out["input"] else 0.0,
+            "input_tokens": sum(out["input"])}
+
+
+def run(s: Settings, workdir: Path, cpus: list[int] | None = None) -> dict[str, Any]:
+    """Both policies, round robin first; -> {"settings", "round_robin", "affinity"}."""
+    res: dict[str, Any] = {"settings": vars(s).copy()}
+    for policy in POLICIES:
+        print(f"[bench] affinity: {policy}, {s.conversations} conversations x {s.turns} turns on "
+              f"{s.workers} workers", file=sys.stderr, flush=True)
+        res[policy] = run_policy(policy, s, workdir, cpus)
+    return res
+
+
+MEASURES = (("mean TTFT ms", "ttft_mean_ms", "{:.1f}"), ("p50 TTFT ms", "ttft_p50_ms", "{:.1f}"),
+            ("p95 TTFT ms", "ttft_p95_ms", "{:.1f}"), ("cached-token ratio", "cached_ratio", "{:.3f}"))
+
+
+def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, round robin, affinity, affinity / round robin) per measure, then the turn counts."""
+    rr, af = res["round_robin"], res["affinity"]
+    out = [(label, fmt.format(rr[key]), fmt.format(af[key]), f"{af[key] / rr[key]:.2f}x" if rr[key] else "n/a")
+           for label, key, fmt in MEASURES]
+    out.append(("turns completed (errors)", f"{rr['turns']} ({rr['errors']})", f"{af['turns']} ({af['errors']})", ""))
+    return out
+
+
+def describe(s: dict[str, Any]) -> str:
+    return (f"{s['workers']} sim workers (`--kv-cache-blocks {s['kv_cache_blocks']}` of 16 tokens, "
+            f"`--prefill-us-per-token {s['prefill_us_per_token']:g}`, `--ttft-ms {s['ttft_ms']:g}`, "
+            f"`--itl-ms {s['itl_ms']:g}`), fresh per policy; {s['conversations']} conversations x {s['turns']} "
+            f"turns chained by previous_response_id, {s['concurrency']} at once, streamed; ~{s['instructions_words']}"
+            f"-word instructions, {s['input_words']}-word turns, {s['answer_tokens']}-token answers")
+
+
+def markdown(res: dict[str, Any]) -> str:
+    head = ("measure", "round_robin", "affinity", "ratio (affinity / round robin)")
+    cells = [head, *rows(res)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = ["| " + " | ".join(c[i].ljust(widths[i]) for i in range(len(head))) + " |" for c in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/affinity.py", description=__doc__.split("\n")[0])
+    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    for name, default in vars(Settings()).items():
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    args = p.parse_args(argv)
+    s = Settings(**{k: getattr(args, k) for k in vars(Settings())})
+    load_before = procs.loadavg()
+    with tempfile.TemporaryDirectory(prefix="responses-router-affinity-") as tmp:
+        res = run(s, Path(tmp))
+    table = markdown(res)
+    notes = [f"bench/affinity.py: {describe(res['settings'])}",
+             f"wall: round robin {res['round_robin']['wall_s']:.1f} s, affinity {res['affinity']['wall_s']:.1f} s; "
+             f"nothing pinned; machine load average (1 min) before/after: {load_before} / {procs.loadavg()}",
+             "TTFT: client-side, request sent to first response.output_text.delta; cached-token ratio: sum of "
+             "usage.input_tokens_details.cached_tokens / sum of usage.input_tokens"]
+    print(table)
+    print("\n".join(f"- {n}" for n in notes))
+    if not args.no_append:
+        info = procs.machine_info()
+        head = [f"## Run {info['date']} (affinity vs round robin)", "",
+                f"- machine: nproc {info['nproc']}, CPU {info['cpu']}, Python {info['python']}, kernel {info['kernel']}"]
+        with RESULTS.open("a") as f:
+            f.write("\n".join(head + [f"- {n}" for n in notes] + ["", table, ""]) + "\n")
+        print(f"\nappended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
