@@ -243,10 +243,11 @@ def test_only_pages_the_results_named_can_be_opened(fake: FakeSearch) -> None:
         secret = await tools.run("web_search", "open_page", {"url": fake.base + "/secret"}, browser=browser)
         found = await tools.run("web_search", "find", {"pattern": "secret", "url": fake.base + "/secret"}, browser=browser)
         nowhere = await tools.run("web_search", "find", {"pattern": "x"}, browser=Browsing())
-        return [nothing, beyond, secret, found, nowhere]
+        no_url = await tools.run("web_search", "open_page", {"url": "page one"}, browser=browser)
+        return [nothing, beyond, secret, found, nowhere, no_url]
 
-    nothing, beyond, secret, found, nowhere = asyncio.run(main())
-    for outcome in (nothing, beyond, nowhere):
+    nothing, beyond, secret, found, nowhere, no_url = asyncio.run(main())
+    for outcome in (nothing, beyond, nowhere, no_url):  # a url that is no URL does not open the first result
         assert outcome.error == {"message": "no page to open"} and outcome.prompt_text.startswith("error: no such page")
     for outcome in (secret, found):
         assert outcome.error is not None and outcome.output == fake.base + "/secret"

@@ -163,7 +163,7 @@ def _page_url(name: str, arguments: dict[str, Any], browser: Browsing) -> str | 
     """The page a call means.
 
     open_page: ``url`` (chat) or a URL ``id`` (gpt-oss); else ``result``, numbered from 1 as the search
-    listing shows (chat); else ``id``, a link numbered from 0 (gpt-oss; none: the first). find: ``url``
+    listing shows (chat); else ``id``, a link numbered from 0 (gpt-oss; no id: the first). find: ``url``
     (chat) if it is one, else the page opened last. A ``url`` that is not an http(s) URL counts as not given.
     """
     if name == "find":
@@ -176,6 +176,8 @@ def _page_url(name: str, arguments: dict[str, Any], browser: Browsing) -> str | 
         result = int(result)
     if isinstance(result, int) and not isinstance(result, bool):
         return browser.links[result - 1] if 1 <= result <= len(browser.links) else None
+    if "url" in arguments or "result" in arguments:
+        return None  # a chat model's page that is neither a URL nor a listed result: not the first one instead
     target = arguments.get("id")
     if isinstance(target, int) and not isinstance(target, bool):
         return browser.links[target] if 0 <= target < len(browser.links) else None
