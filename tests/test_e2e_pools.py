@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -75,6 +77,49 @@ def test_weighted_arms_are_sticky_and_workers_affine(ab: RouterProcess) -> None:
         _, headers = create(client, input="again", user=f"user-{i}")
         _, again = create(client, input="again", user=f"user-{i}")
         assert headers["x-router-arm"] == again["x-router-arm"]
+
+
+def test_a_90_10_experiment_over_2000_conversations_lands_within_tolerance_and_stays_sticky(tmp_path: Path) -> None:
+    """2,000 new conversations (user keys, so the split is reproducible) at 32 at once; the
+    b share must be within 4 binomial sigmas of 10% (n=2000: 200 +- 54), and every 20th
+    conversation's second turn, chained without the user key, stays on its arm (and worker)."""
+    body = (
+        sim_pool_toml(name="a", replicas=2).replace('name = "a"', 'name = "a"\npolicy = "affinity"')
+        + sim_pool_toml(name="b", replicas=1)
+        + '\n[[models]]\nname = "ab"\narms = [{ pool = "a", weight = 90 }, { pool = "b", weight = 10 }]\n'
+    )
+    router = start_router(tmp_path, body)
+    n, p, every = 2000, 0.1, 20
+    arms: Counter[str] = Counter()
+    moved: list[tuple[int, str, str]] = []
+
+    async def conversation(client: openai.AsyncOpenAI, gate: asyncio.Semaphore, i: int) -> None:
+        async with gate:
+            sampled = i % every == 0
+            raw = await client.responses.with_raw_response.create(
+                model="ab", input=f"hello {i} [sim:tokens=1]", user=f"conversation-{i}", store=sampled)
+            arm, worker = raw.headers["x-router-arm"], raw.headers["x-router-worker"]
+            assert raw.headers["x-router-pool"] == arm
+            arms[arm] += 1
+            if sampled:
+                again = await client.responses.with_raw_response.create(
+                    model="ab", input="more [sim:tokens=1]", previous_response_id=raw.parse().id, store=False)
+                if again.headers["x-router-arm"] != arm or (arm == "a" and again.headers["x-router-worker"] != worker):
+                    moved.append((i, f"{arm} {worker}", f"{again.headers['x-router-arm']} {again.headers['x-router-worker']}"))
+
+    async def run() -> None:
+        gate = asyncio.Semaphore(32)
+        async with openai.AsyncOpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
+            await asyncio.gather(*(conversation(client, gate, i) for i in range(n)))
+
+    try:
+        asyncio.run(run())
+    finally:
+        assert router.stop() == 0, router.log()
+    assert sum(arms.values()) == n and set(arms) == {"a", "b"}
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(arms["b"] - n * p) <= 4 * sigma, arms
+    assert moved == []
 
 
 def test_shadow_traffic_never_changes_what_the_client_sees(ab: RouterProcess) -> None:
