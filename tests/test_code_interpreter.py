@@ -168,7 +168,7 @@ def test_refuses_without_network_namespace(root: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(sandbox_mod, "_libc", NoUnshare())
     result = run(root, "open('ran', 'w').close()")
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
-    assert "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)" in (result.error or "")
+    assert "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID" in (result.error or "")
     assert not (root / "c1" / "ran").exists()
 
 
@@ -379,3 +379,41 @@ def test_failed_proc_mount_refuses(root: Path, monkeypatch: pytest.MonkeyPatch) 
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
     assert "sandbox PID 1" in (result.error or "") and "/proc" in (result.error or "")
     assert not (root / "c1" / "ran").exists()
+
+
+def test_run_memory_is_capped_as_a_whole(root: Path) -> None:
+    # Three processes of 80 MB each, all held at once: each is under its own RLIMIT_AS (128 MB),
+    # the three together are over the run's cgroup (memory_mb + tmp_mb = 144 MB), so the kernel
+    # kills some. Only a cgroup can see the sum: rlimits are per process.
+    ci = CodeInterpreter(root, SandboxLimits(memory_mb=128, tmp_mb=16))
+    assert ci._cgroups is not None  # as root on this project's machines, the runs get cgroups
+    code = (
+        "import os\n"
+        "go_r, go_w = os.pipe()\nkids = []\n"
+        "for _ in range(3):\n"
+        "    r, w = os.pipe()\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os.close(go_w)\n"
+        "        block = b'x' * (80 << 20)\n"
+        "        os.write(w, b'1')\n"
+        "        os.read(go_r, 1)  # hold the memory until every sibling has tried\n"
+        "        os._exit(0)\n"
+        "    os.close(w)\n"
+        "    kids.append((pid, r))\n"
+        "held = [os.read(r, 1) == b'1' for _, r in kids]\n"
+        "os.close(go_w)\n"
+        "codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid, _ in kids]\n"
+        "print(sum(held), codes)\n"
+    )
+    result = asyncio.run(ci.run(code, "c1"))
+    held, codes = logs(result).split(" ", 1)
+    assert result.exit_code == 0, logs(result)
+    assert int(held) * 80 <= 144 and codes.count("-9") >= 2, logs(result)
+    assert not [p for p in ci._cgroups.parents.values() for p in os.listdir(p) if p.startswith("code-interpreter-")]
+
+
+def test_run_sees_its_own_cgroup_as_the_root(root: Path) -> None:
+    out = logs(run(root, "print(open('/proc/self/cgroup').read())"))
+    lines = [line for line in out.splitlines() if line]
+    assert lines and all(line.endswith(":/") for line in lines), out

@@ -22,11 +22,15 @@ means the code does not run, and the result says which step failed. The layers:
   ``setns`` back to the host network, no remounting, no writing root's files), and
   RLIMIT_NPROC counts, which it never does for root. The interpreter is the base one
   (never the venv), run as ``python -I -S -u``.
-- rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0 per process; no cgroup: memory and
-  processes are capped per process and per uid, not for the run as a whole (this host
-  has cgroup v2 without controllers; a per-run cgroup is future work). A minimal env;
-  code on stdin, which then stays at EOF; bounded output; a wall-clock timeout that
-  SIGKILLs the process group.
+- rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0 per process, and, where the host lets
+  us make cgroups (``sandbox.RunCgroups``: v2 with memory and pids controllers, else the
+  v1 memory and pids hierarchies, as on this project's machines), one cgroup per run
+  capping the run as a whole: memory ``memory_mb + tmp_mb`` (its /tmp and page cache
+  included; the kernel OOM-kills within the run) and ``max_procs + 1`` tasks; a cgroup
+  namespace shows it as ``/``. Where no cgroup can be made, only the rlimits apply: memory
+  then is capped per process, processes per uid. A cgroup that can be made but fails for a
+  run refuses the run. A minimal env; code on stdin, which then stays at EOF; bounded
+  output; a wall-clock timeout that SIGKILLs the process group.
 
 The container folders live under ``root`` (0700, the router's alone: the sandbox reaches
 its folder only through the bind). ``root/.newroot`` is the empty mount point each run
@@ -43,6 +47,7 @@ import hashlib
 import os
 import re
 import resource
+import secrets
 import shutil
 import signal
 import stat
@@ -178,6 +183,7 @@ class CodeInterpreter:
         found = _sandbox_python()
         self.python, self._prefixes = found if found is not None else (None, [])
         self.root.chmod(0o700)
+        self._cgroups = sandbox.RunCgroups.find() if self._drop else None  # None: rlimits only
         (self.root / _NEWROOT).mkdir(mode=0o700, exist_ok=True)
 
     def _folder(self, container_id: str) -> Path:
@@ -239,6 +245,13 @@ class CodeInterpreter:
             plan = sandbox.MountPlan(self.root / _NEWROOT, folder, self._prefixes, uid, self.limits.tmp_mb)
         except ValueError as exc:
             return "", None, False, f"sandbox refused: {exc}"
+        cgroups: list[str] = []
+        if self._cgroups is not None:  # the whole run's RAM, its /tmp included, and its tasks (+1: the launcher)
+            memory = (self.limits.memory_mb + self.limits.tmp_mb) << 20
+            try:
+                cgroups = self._cgroups.create(secrets.token_hex(8), memory, self.limits.max_procs + 1)
+            except OSError as exc:
+                return "", None, False, f"sandbox refused: could not make the run's cgroups, so the code was not run ({exc})"
         status_r, status_w = os.pipe()  # setup failures, from the preexec or from PID 1; empty: it ran
         try:
             try:
@@ -246,7 +259,7 @@ class CodeInterpreter:
                     self.python, "-I", "-S", "-c", sandbox.LAUNCHER, str(-1 if uid is None else uid), str(status_w),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     env=env, start_new_session=True, close_fds=True, pass_fds=(status_w,),
-                    preexec_fn=sandbox.preexec(plan, _rlimits(self.limits), status_w),
+                    preexec_fn=sandbox.preexec(plan, _rlimits(self.limits), status_w, sandbox.RunCgroups.procs(cgroups)),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 os.close(status_w)
@@ -257,6 +270,8 @@ class CodeInterpreter:
             why = _read_status(status_r)
         finally:
             os.close(status_r)
+            if cgroups:
+                await asyncio.to_thread(sandbox.RunCgroups.remove, cgroups)
         if why:
             return "", None, False, f"sandbox refused: could not set it up, so the code was not run ({why})"
         return logs, proc.returncode, timed_out, None

@@ -4,8 +4,10 @@
 load anything (the router has threads, the child has only the forking one), so every path,
 flag and byte string is prepared in the parent and the child only makes libc calls:
 
-1. ``unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)``, then every mount made private, so
-   nothing done below reaches the host's mount table, nor the host's mounts reach in.
+1. The run's cgroups joined (``RunCgroups``, where the host has them), then
+   ``unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID [| CLONE_NEWCGROUP])``, then every
+   mount made private, so nothing done below reaches the host's mount table, nor the
+   host's mounts reach in.
 2. A tmpfs over a private, empty directory becomes the new root. In it: read-only binds of
    ``/usr`` (and ``/lib*``, ``/bin`` where they are real directories; symlinks where the host
    has merged /usr) and of the interpreter's prefix if it lies elsewhere; ``/dev`` holding only
@@ -31,14 +33,15 @@ import platform
 import resource
 import stat
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["DATA_DIR", "LAUNCHER", "MountPlan", "interpreter_prefixes", "preexec"]
+__all__ = ["DATA_DIR", "LAUNCHER", "MountPlan", "RunCgroups", "interpreter_prefixes", "preexec"]
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child must not import or load
 
-CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x40000000, 0x20000000
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWCGROUP = 0x00020000, 0x40000000, 0x20000000, 0x02000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
@@ -210,9 +213,16 @@ def _run_step(step: tuple) -> int:
     return _libc.mount(source, target, fstype, ctypes.c_ulong(flags), data)
 
 
-def preexec(plan: MountPlan, rlimits: Sequence[tuple[int, int]], status_fd: int) -> Callable[[], None]:
-    """What the child does between fork and exec. Raising here means the code never runs."""
+def preexec(plan: MountPlan, rlimits: Sequence[tuple[int, int]], status_fd: int,
+            cgroup_procs: Sequence[bytes] = ()) -> Callable[[], None]:
+    """What the child does between fork and exec. Raising here means the code never runs.
+
+    It joins the run's cgroups first (``cgroup_procs``: their ``cgroup.procs`` files), so the
+    launcher and all it forks are counted; a new cgroup namespace then hides their paths.
+    """
     steps = plan.steps
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWCGROUP if cgroup_procs else 0)
+    unshare_what = "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID" + (" | CLONE_NEWCGROUP)" if cgroup_procs else ")")
     newroot = plan.newroot
 
     def fail(what: str) -> None:
@@ -221,8 +231,14 @@ def preexec(plan: MountPlan, rlimits: Sequence[tuple[int, int]], status_fd: int)
 
     def enter() -> None:
         try:
-            if _libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID) != 0:
-                fail("unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)")
+            for procs in cgroup_procs:
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")  # 0: the writer itself
+                finally:
+                    os.close(fd)
+            if _libc.unshare(flags) != 0:
+                fail(unshare_what)
             if _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) != 0:
                 fail("making every mount private")
             for what, step in steps:
@@ -246,3 +262,96 @@ def preexec(plan: MountPlan, rlimits: Sequence[tuple[int, int]], status_fd: int)
             raise
 
     return enter
+
+
+class RunCgroups:
+    """One cgroup per run, per controller, capping memory (page cache and /tmp included) and
+    tasks for the run as a whole, where rlimits only cap each process and the uid.
+
+    cgroup v2 where our cgroup's children get the memory and pids controllers; otherwise the
+    v1 ``memory`` and ``pids`` hierarchies (hybrid hosts, like this project's machines, have a
+    v2 tree without controllers). ``find`` proves it by making and removing a probe cgroup;
+    ``None`` means no cgroups here, and only the rlimits apply.
+    """
+
+    def __init__(self, parents: dict[str, str], v2: bool) -> None:
+        self.parents = parents  # controller ("memory", "pids"; "" for v2) -> our own cgroup's folder
+        self.v2 = v2
+
+    @classmethod
+    def find(cls) -> RunCgroups | None:
+        try:
+            own = {}  # hierarchy controllers -> path, from /proc/self/cgroup
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                own[controllers] = path
+            mounts = {}  # fstype and super options -> mount point (mount root "/" only)
+            for line in Path("/proc/self/mountinfo").read_text().splitlines():
+                left, right = line.split(" - ", 1)
+                fields, (fstype, _, opts) = left.split(), right.split()[:3]
+                if fields[3] == "/" and fstype in ("cgroup", "cgroup2"):
+                    mounts.setdefault("" if fstype == "cgroup2" else opts, fields[4])
+        except (OSError, ValueError):
+            return None
+        candidates: list[RunCgroups] = []
+        if "" in mounts and "" in own:
+            candidates.append(cls({"": mounts[""] + own[""].rstrip("/")}, True))
+        v1 = {}
+        for controller in ("memory", "pids"):
+            opts = next((o for o in mounts if o and controller in o.split(",")), None)
+            path = next((p for c, p in own.items() if controller in c.split(",")), None)
+            if opts is not None and path is not None:
+                v1[controller] = mounts[opts] + path.rstrip("/")
+        if len(v1) == 2:
+            candidates.append(cls(v1, False))
+        for found in candidates:
+            try:
+                made = found.create(f"probe-{os.getpid()}", 64 << 20, 8)
+            except OSError:
+                continue
+            found.remove(made)
+            return found
+        return None
+
+    def create(self, name: str, memory_bytes: int, tasks: int) -> list[str]:
+        """Make the run's cgroups with their limits: their folders (remove them with ``remove``)."""
+        made: list[str] = []
+        try:
+            for controller, parent in self.parents.items():
+                folder = os.path.join(parent, f"code-interpreter-{name}")
+                os.mkdir(folder, 0o700)
+                made.append(folder)
+                if self.v2:
+                    controllers = Path(folder, "cgroup.controllers").read_text().split()
+                    if "memory" not in controllers or "pids" not in controllers:
+                        raise OSError(0, f"{folder}: no memory and pids controllers")
+                    limits = [("memory.max", memory_bytes), ("memory.swap.max", 0), ("pids.max", tasks)]
+                elif controller == "memory":
+                    limits = [("memory.limit_in_bytes", memory_bytes), ("memory.memsw.limit_in_bytes", memory_bytes)]
+                else:
+                    limits = [("pids.max", tasks)]
+                for file, value in limits:
+                    path = Path(folder, file)
+                    if path.exists() or file in ("memory.max", "memory.limit_in_bytes", "pids.max"):
+                        path.write_text(str(value))  # the swap caps only where swap is accounted
+        except OSError:
+            self.remove(made)
+            raise
+        return made
+
+    @staticmethod
+    def procs(folders: Sequence[str]) -> list[bytes]:
+        return [os.fsencode(os.path.join(f, "cgroup.procs")) for f in folders]
+
+    @staticmethod
+    def remove(folders: Sequence[str]) -> None:
+        """Remove the run's cgroups; empty once the launcher is reaped (a few tries for the kernel)."""
+        for folder in folders:
+            for _ in range(50):
+                try:
+                    os.rmdir(folder)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
