@@ -23,6 +23,9 @@ from backends.sim_script import count_prompt_tokens
 from policies.balance import LeastLoad
 from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.test_sim import Sim
+from tests.test_sim_harmony import _sim, enc, vocab_dir  # noqa: F401  (fixtures)
+from tests.test_sim_harmony import generate as harmony_generate
+from tests.test_sim_harmony import prompt as harmony_prompt
 
 SYSTEM = "You answer questions about the router, its pools, its workers and their caches. " * 3
 ADMIN = "admin-key-prefix-cache"
@@ -296,3 +299,24 @@ def test_a_continuation_hits_the_prefix_cache_of_its_worker(affine: RouterProces
     health = json.loads(urllib.request.urlopen(affine.base_url + "/health").read())
     assert any(w["kv_usage"] > 0 for p in health["pools"] for w in p["workers"]), health
 
+
+
+# ---------------------------------------------------------------- harmony: the real token ids
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_harmony_sim_caches_the_real_prompt_ids(engine: str, vocab_dir: Path, enc) -> None:  # type: ignore[no-untyped-def]
+    sim = _sim(vocab_dir, "--engine", engine, "--kv-cache-blocks", "64")
+    try:
+        ids = harmony_prompt(enc, "what is a pool [sim:tokens=3]")
+        first, again = harmony_generate(sim, engine, ids), harmony_generate(sim, engine, ids)
+        if engine == "vllm":
+            assert first["body"]["usage"]["prompt_tokens_details"] is None  # nothing cached: no details
+            cached = again["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        else:
+            assert first["body"]["meta_info"]["cached_tokens"] == 0
+            cached = again["body"]["meta_info"]["cached_tokens"]
+        assert cached == (len(ids) - 1) // 16 * 16 and cached > 0
+        assert 0 < kv_cache_usage(engine, _metrics(sim.port)) <= 1
+    finally:
+        assert sim.stop() == 0
