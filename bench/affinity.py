@@ -188,11 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="responses-router-affinity-") as tmp:
         res = run(s, Path(tmp))
     table = markdown(res)
-    notes = [f"bench/affinity.py: {describe(res['settings'])}",
+    from bench.run import describe_source  # here: bench/run.py imports this module
+
+    notes = [f"router code: {describe_source(None)}", f"bench/affinity.py: {describe(res['settings'])}",
              f"wall: round robin {res['round_robin']['wall_s']:.1f} s, affinity {res['affinity']['wall_s']:.1f} s; "
              f"nothing pinned; machine load average (1 min) before/after: {load_before} / {procs.loadavg()}",
              "TTFT: client-side, request sent to first response.output_text.delta; cached-token ratio: sum of "
-             "usage.input_tokens_details.cached_tokens / sum of usage.input_tokens"]
+             "usage.input_tokens_details.cached_tokens / sum of usage.input_tokens; every conversation's first "
+             "turn is cold under both policies, which bounds the ratio"]
     print(table)
     print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
