@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import os
@@ -407,9 +408,10 @@ def test_run_memory_is_capped_as_a_whole(root: Path) -> None:
         "print(sum(held), codes)\n"
     )
     result = asyncio.run(ci.run(code, "c1"))
-    held, codes = logs(result).split(" ", 1)
     assert result.exit_code == 0, logs(result)
-    assert int(held) * 80 <= 144 and codes.count("-9") >= 2, logs(result)
+    codes = ast.literal_eval(logs(result).split(" ", 1)[1])  # a child that held its block may still be picked later
+    # Two survivors would have held 160 MB at once: at most one lives, the rest are OOM-killed.
+    assert codes.count(0) <= 1 and codes.count(-9) >= 2, logs(result)
     assert not [p for p in ci._cgroups.parents.values() for p in os.listdir(p) if p.startswith("code-interpreter-")]
 
 
@@ -417,3 +419,11 @@ def test_run_sees_its_own_cgroup_as_the_root(root: Path) -> None:
     out = logs(run(root, "print(open('/proc/self/cgroup').read())"))
     lines = [line for line in out.splitlines() if line]
     assert lines and all(line.endswith(":/") for line in lines), out
+
+
+def test_prefix_hidden_by_the_sandbox_mounts_refuses(root: Path) -> None:
+    ci = CodeInterpreter(root, SandboxLimits())
+    ci._prefixes = [*ci._prefixes, "/tmp/some-python"]
+    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1"))
+    assert result.exit_code is None and "refused" in (result.error or "") and "would be hidden" in (result.error or "")
+    assert not (root / "c1" / "ran").exists()

@@ -150,6 +150,9 @@ class MountPlan:
         binds += [p for p in prefixes if not _under(p, binds)]
         if "/" in binds:
             raise ValueError("the interpreter's prefix is /: it cannot be bound without the whole host")
+        hidden = [p for p in binds if _under(p, ["/tmp", "/dev", "/proc", "/etc", DATA_DIR])]
+        if hidden:
+            raise ValueError(f"the interpreter's prefix {hidden[0]} would be hidden by the sandbox's own mounts")
         for src in binds:
             self._dirs(r, src)
             self._mount(src, r + src, None, MS_BIND, None)
@@ -306,7 +309,7 @@ class RunCgroups:
             candidates.append(cls(v1, False))
         for found in candidates:
             try:
-                made = found.create(f"probe-{os.getpid()}", 64 << 20, 8)
+                made = found.create(f"probe-{os.getpid()}-{os.urandom(4).hex()}", 64 << 20, 8)
             except OSError:
                 continue
             found.remove(made)
