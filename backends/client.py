@@ -1,8 +1,11 @@
-"""The HTTP wire to workers: aiohttp, one ClientSession per pool.
+"""The HTTP wire to workers, one WorkerClient per pool.
 
-aiohttp, not httpx: measured here, httpcore's pool scans every connection
-per request and costs ~10x more CPU per proxied request. Nothing here knows
-about Responses; errors are typed by what the router must do with them.
+Model calls (JSON, SSE, byte relays) go over backends/wire.py, a lean
+keep-alive client; health checks and scrapes over one aiohttp session, where
+convenience matters more than microseconds. Not httpx: measured here,
+httpcore's pool scans every connection per request and costs ~10x more CPU
+per proxied request. Nothing here knows about Responses; errors are typed by
+what the router must do with them (backends/errors.py).
 """
 
 from __future__ import annotations
@@ -13,49 +16,19 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends.errors import (WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerStreamError,
+                             WorkerUnavailable)
+from backends.wire import Connection, Wire
 
-class WorkerError(Exception):
-    """Base of everything a worker call can fail with."""
-
-
-class WorkerUnavailable(WorkerError):
-    """No answer at all (refused, reset before headers, connect timeout): safe to retry elsewhere."""
-
-
-class WorkerHTTPError(WorkerError):
-    """The worker answered with an error status."""
-
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"worker answered {status}")
-        self.status = status
-        self.body = body
-
-    @property
-    def message(self) -> str:
-        body = self.body
-        if isinstance(body, dict):
-            err = body.get("error", body)
-            if isinstance(err, dict) and isinstance(err.get("message"), str):
-                return err["message"]
-        return str(body)[:500] or f"worker answered {self.status}"
-
-
-class WorkerStreamBroken(WorkerError):
-    """The answer started and then broke off (connection lost, read timeout, bad frame)."""
-
-
-class WorkerStreamError(WorkerStreamBroken):
-    """The worker said so itself, after its 200: a ``data: {"error": ...}`` frame (vLLM, SGLang)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+__all__ = ["RawAnswer", "SSEStream", "WorkerClient", "WorkerError", "WorkerHTTPError", "WorkerStreamBroken",
+           "WorkerStreamError", "WorkerUnavailable"]
 
 
 class WorkerClient:
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
@@ -64,6 +37,7 @@ class WorkerClient:
         )
 
     async def close(self) -> None:
+        self.wire.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -83,71 +57,49 @@ class WorkerClient:
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
         """POST and return the decoded JSON answer; error statuses raise WorkerHTTPError."""
+        conn = await self.wire.post(url, orjson.dumps(body))
+        raw = await conn.read()
+        if conn.status >= 400:
+            raise WorkerHTTPError(conn.status, _decode(raw))
         try:
-            resp = await self.session.post(url, data=orjson.dumps(body), headers=_JSON)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _send_error(url, exc) from exc
-        async with resp:
-            try:
-                raw = await resp.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise WorkerStreamBroken(f"{url}: {exc!r}") from exc
-            if resp.status >= 400:
-                raise WorkerHTTPError(resp.status, _decode(raw))
-            try:
-                return orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise WorkerStreamBroken(f"{url}: answer is not JSON") from exc
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise WorkerStreamBroken(f"{url}: answer is not JSON") from exc
 
     async def open_sse(self, url: str, body: dict[str, Any]) -> SSEStream:
         """POST and return the open event stream once the worker has answered 200."""
-        try:
-            resp = await self.session.post(url, data=orjson.dumps(body), headers=_SSE)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _send_error(url, exc) from exc
-        if resp.status >= 400:
-            async with resp:
-                try:
-                    raw = await resp.read()
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    raw = b""
-            raise WorkerHTTPError(resp.status, _decode(raw))
-        return SSEStream(resp)
-
+        conn = await self.wire.post(url, orjson.dumps(body), sse=True)
+        if conn.status >= 400:
+            try:
+                raw = await conn.read()
+            except WorkerStreamBroken:
+                raw = b""
+            raise WorkerHTTPError(conn.status, _decode(raw))
+        return SSEStream(conn)
 
     async def relay(self, url: str, data: bytes) -> RawAnswer:
         """POST bytes as they came and hand back the answer unparsed (passthrough routes)."""
-        try:
-            resp = await self.session.post(url, data=data, headers=_JSON)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _send_error(url, exc) from exc
-        return RawAnswer(resp)
+        return RawAnswer(await self.wire.post(url, data))
 
 
 class RawAnswer:
     """A worker's answer relayed byte for byte: status, content type, body chunks as they arrive."""
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self.status = resp.status
-        self.content_type = resp.headers.get("Content-Type", "application/json")
-        self._resp = resp
+    def __init__(self, conn: Connection) -> None:
+        self.status = conn.status
+        self.content_type = conn.content_type
+        self._conn = conn
 
     async def read(self) -> bytes:
-        async with self._resp:
-            try:
-                return await self._resp.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise WorkerStreamBroken(repr(exc)) from exc
+        return await self._conn.read()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; a broken connection just ends it (the client sees a cut stream, as from the worker)."""
         try:
-            async for chunk in self._resp.content.iter_any():
+            async for chunk in self._conn.body_chunks():
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except WorkerStreamBroken:
             return
-        finally:
-            self._resp.close()
 
 
 class SSEStream:
@@ -157,15 +109,22 @@ class SSEStream:
     Ends cleanly only on ``data: [DONE]``; anything else is WorkerStreamBroken.
     """
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._gen = conn.gen
 
     async def batches(self) -> AsyncIterator[list[Any]]:
-        resp = self._resp
+        conn = self._conn
         buffer = b""
+        done = False
         try:
-            async for chunk in resp.content.iter_any():
-                buffer += chunk
+            while True:
+                if not conn.chunks:
+                    if conn.complete:
+                        break
+                    await conn.wait()
+                    continue
+                buffer += conn.take()
                 if b"\n\n" not in buffer:
                     continue
                 frames = buffer.split(b"\n\n")
@@ -176,6 +135,7 @@ class SSEStream:
                     if payload is None:
                         continue
                     if payload == b"[DONE]":
+                        done = True
                         if batch:
                             yield batch
                         return
@@ -187,21 +147,14 @@ class SSEStream:
                     batch.append(frame)
                 if batch:
                     yield batch
-        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as exc:
+        except orjson.JSONDecodeError as exc:
             raise WorkerStreamBroken(repr(exc)) from exc
         finally:
-            resp.release() if resp.content.at_eof() else resp.close()
+            conn.finish(self._gen, drain=done)
         raise WorkerStreamBroken("the worker closed the stream before [DONE]")
 
     def close(self) -> None:
-        self._resp.close()
-
-
-def _send_error(url: str, exc: BaseException) -> WorkerError:
-    """Could not connect: the worker is unavailable. Connected, then lost: it may have started the work."""
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
-        return WorkerUnavailable(f"{url}: {exc!r}")
-    return WorkerStreamBroken(f"{url}: {exc!r}")
+        self._conn.finish(self._gen)
 
 
 def _data(frame: bytes) -> bytes | None:
@@ -224,6 +177,3 @@ def _decode(raw: bytes) -> Any:
     except orjson.JSONDecodeError:
         return raw.decode("utf-8", "replace")
 
-
-_JSON = {"Content-Type": "application/json"}
-_SSE = {"Content-Type": "application/json", "Accept": "text/event-stream"}

@@ -1,0 +1,43 @@
+"""What a worker call can fail with, typed by what the router must do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkerError(Exception):
+    """Base of everything a worker call can fail with."""
+
+
+class WorkerUnavailable(WorkerError):
+    """No answer at all (refused, reset before headers, connect timeout): safe to retry elsewhere."""
+
+
+class WorkerHTTPError(WorkerError):
+    """The worker answered with an error status."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"worker answered {status}")
+        self.status = status
+        self.body = body
+
+    @property
+    def message(self) -> str:
+        body = self.body
+        if isinstance(body, dict):
+            err = body.get("error", body)
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                return err["message"]
+        return str(body)[:500] or f"worker answered {self.status}"
+
+
+class WorkerStreamBroken(WorkerError):
+    """The answer started and then broke off (connection lost, read timeout, bad frame)."""
+
+
+class WorkerStreamError(WorkerStreamBroken):
+    """The worker said so itself, after its 200: a ``data: {"error": ...}`` frame (vLLM, SGLang)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

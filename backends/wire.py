@@ -1,0 +1,329 @@
+"""The hot worker calls on a lean HTTP/1.1 client: one asyncio.Protocol per keep-alive connection.
+
+Why not aiohttp here: measured on this machine (bench/RESULTS.md), aiohttp
+spends ~300-370 us of router CPU per proxied request and ~40 us per streamed
+token, most of it in layers this router does not need (cookie jars, tracing
+signals, a StreamReader per response, a timer per read). Here a request is one
+prebuilt head plus the body in one write, httptools parses the answer, body
+bytes land in a list the reader drains, and one watchdog timer per request
+enforces the read timeout. Rare calls (health checks, metrics scrapes) stay on
+aiohttp in backends/client.py.
+
+Failures are typed like the rest of backends/client.py: no connection is
+WorkerUnavailable; a connection lost or a read timeout after the request went
+out is WorkerStreamBroken. A kept-alive connection the worker closed while idle
+is the one exception: nothing came back on it, so the request goes once more
+on a fresh connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httptools
+
+from backends.errors import WorkerStreamBroken, WorkerUnavailable
+
+HIGH_WATER = 1 << 20  # body bytes buffered before the socket stops being read
+MAX_IDLE = 512  # idle connections kept per worker
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; serves one request at a time."""
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.gen = 0  # which request owns the connection: a late finish() of an earlier one does nothing
+        self.active = False
+        self.draining = False
+        self._begin()
+
+    def _begin(self) -> None:
+        self.status = 0
+        self.content_type = "application/json"
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.complete = False
+        self.keep_alive = False
+        self.got_bytes = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self.timed_out = False
+        self.headers_done = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.last_read = 0.0
+
+    # ---------------------------------------------------------------- protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        self.last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(WorkerStreamBroken(f"{self.pool.origin}: bad HTTP answer: {exc}"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            self._fail(WorkerStreamBroken(f"{self.pool.origin}: the connection closed ({exc!r})"))
+
+    def pause_writing(self) -> None:  # a request body bigger than the socket buffer: the kernel catches up
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ---------------------------------------------------------------- parser callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == 12 and name.lower() == b"content-type":
+            self.content_type = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only valid inside the callback
+        if self.draining:
+            self.draining = False
+            self.chunks = []
+            self.finish(self.gen)
+        self._wake()
+
+    # ---------------------------------------------------------------- request side
+
+    def send(self, data: bytes) -> None:
+        self._begin()
+        self.gen += 1
+        self.active = True
+        self.last_read = self.loop.time()
+        self._timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._watch)
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def _watch(self) -> None:
+        """The read timeout, checked coarsely: one timer per request, re-armed, not one per read."""
+        if not self.active or self.complete or self.error is not None:
+            return
+        now = self.loop.time()
+        if self.paused:  # the reader is slow, not the worker
+            self.last_read = now
+        idle = now - self.last_read
+        if idle >= self.pool.read_timeout_s:
+            self.timed_out = True
+            self._fail(WorkerStreamBroken(f"{self.pool.origin}: no data for {self.pool.read_timeout_s:g} s"))
+            self.abort()
+            return
+        self._timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._watch)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until something changes: headers, body bytes, the end, or a failure."""
+        if self.error is not None:
+            raise self.error
+        waiter = self._waiter = self.loop.create_future()
+        await waiter
+        if self.error is not None and not self.chunks and not self.complete:
+            raise self.error
+
+    def take(self) -> bytes:
+        """Every body byte that arrived so far, and reading resumes."""
+        chunks = self.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.last_read = self.loop.time()
+            self.transport.resume_reading()
+        return data
+
+    async def headers(self) -> None:
+        while not self.headers_done:
+            await self.wait()
+
+    async def read(self) -> bytes:
+        """The whole body; the connection goes back to the pool."""
+        gen = self.gen
+        parts: list[bytes] = []
+        try:
+            while not self.complete:
+                if self.paused:  # a body over the high-water mark: keep it here, let the socket go on
+                    parts.append(self.take())
+                await self.wait()
+        except BaseException:
+            self.abort()
+            raise
+        if self.chunks:
+            parts.append(self.take())
+        self.finish(gen)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def body_chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, one bytes object per wake-up."""
+        gen = self.gen
+        try:
+            while True:
+                if self.chunks:
+                    yield self.take()
+                elif self.complete:
+                    break
+                else:
+                    await self.wait()
+        finally:
+            self.finish(gen)
+
+    def finish(self, gen: int, *, drain: bool = False) -> None:
+        """Request ``gen`` is done with the connection: after a complete answer it is kept
+        alive, anything else closes it. ``drain``: the reader saw the end of its stream
+        (``[DONE]``) and the last bytes of the body may still be on their way."""
+        if gen != self.gen or not self.active or self.draining:
+            return
+        if drain and not self.complete and self.error is None and not self.closed:
+            self.draining = True  # on_message_complete finishes it; the watchdog still runs
+            return
+        self.active = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.complete and self.error is None and not self.closed and self.keep_alive:
+            self.pool.put(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.active = self.draining = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HostPool:
+    """Idle keep-alive connections to one worker, last in first out."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, *,
+                 connect_timeout_s: float, read_timeout_s: float) -> None:
+        self.loop = loop
+        self.host, self.port = host, port
+        self.origin = f"http://{host}:{port}"
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.idle: list[Connection] = []
+
+    async def acquire(self) -> tuple[Connection, bool]:
+        """A connection and whether it was kept alive from an earlier request."""
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn, True
+        try:
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(lambda: Connection(self), self.host, self.port), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise WorkerUnavailable(f"{self.origin}: {exc!r}") from exc
+        return conn, False  # type: ignore[return-value]
+
+    def put(self, conn: Connection) -> None:
+        if len(self.idle) < MAX_IDLE:
+            self.idle.append(conn)
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.abort()
+        self.idle.clear()
+
+
+class Wire:
+    """Connection pools per worker origin, and requests with prebuilt heads."""
+
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._pools: dict[tuple[str, int], HostPool] = {}
+        self._heads: dict[tuple[str, bool], tuple[HostPool, bytes]] = {}
+
+    def _target(self, url: str, sse: bool) -> tuple[HostPool, bytes]:
+        key = (url, sse)
+        found = self._heads.get(key)
+        if found is not None:
+            return found
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        pool = self._pools.get((host, port))
+        if pool is None:
+            pool = self._pools[(host, port)] = HostPool(
+                asyncio.get_running_loop(), host, port,
+                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        accept = "Accept: text/event-stream\r\n" if sse else ""
+        head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                f"{accept}Content-Length: ").encode("latin-1")
+        if len(self._heads) > 4096:
+            self._heads.clear()
+        found = self._heads[key] = (pool, head)
+        return found
+
+    async def post(self, url: str, body: bytes, *, sse: bool = False) -> Connection:
+        """Send a POST; returns the connection once the answer's headers are in."""
+        pool, head = self._target(url, sse)
+        data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        while True:
+            conn, reused = await pool.acquire()
+            conn.send(data)
+            try:
+                await conn.headers()
+            except WorkerStreamBroken:
+                conn.abort()
+                if reused and not conn.got_bytes and not conn.timed_out:
+                    continue  # the worker had closed this idle connection: nothing was done
+                raise
+            except BaseException:
+                conn.abort()
+                raise
+            return conn
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        self._heads.clear()

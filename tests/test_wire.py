@@ -1,0 +1,270 @@
+"""The lean worker client (backends/wire.py) against real sockets: keep-alive, failures, flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+
+from backends.client import WorkerClient, WorkerHTTPError, WorkerStreamBroken, WorkerStreamError, WorkerUnavailable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An aiohttp server that tells how many TCP connections its requests came on."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.protocols: list[object] = []  # held, so no two connections share an id
+        app.middlewares.append(self._count)
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if not any(p is request.protocol for p in self.protocols):
+            self.protocols.append(request.protocol)
+        return await handler(request)
+
+    @property
+    def connections(self) -> int:
+        return len(self.protocols)
+
+    async def __aenter__(self) -> Server:
+        self.runner = web.AppRunner(self.app)
+        await self.runner.setup()
+        port = _free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+def _app() -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"got": await request.json()})
+
+    async def fail(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "nope"}}, status=503)
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n = (await request.json())["n"]
+        for i in range(n):
+            await resp.write(b'data: {"i": %d}\n\n' % i)
+            await asyncio.sleep(0)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def sse_error(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"i": 0}\n\ndata: {"error": {"message": "engine died"}}\n\n')
+        await resp.write_eof()
+        return resp
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"i": 0}\n\n')
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * (3 << 20), content_type="application/octet-stream")
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_post("/fail", fail)
+    app.router.add_post("/sse", sse)
+    app.router.add_post("/sse_error", sse_error)
+    app.router.add_post("/cut", cut)
+    app.router.add_post("/slow", slow)
+    app.router.add_post("/big", big)
+    return app
+
+
+async def _client(read_timeout_s: float = 5.0) -> WorkerClient:
+    client = WorkerClient(connect_timeout_s=1.0, read_timeout_s=read_timeout_s)
+    await client.start()
+    return client
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            for i in range(20):
+                assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+            for n in (1, 5):
+                stream = await client.open_sse(server.url + "/sse", {"n": n})
+                got = [f["i"] async for batch in stream.batches() for f in batch]
+                assert got == list(range(n))
+            await asyncio.sleep(0.05)  # a stream's last chunk may come after [DONE]
+            assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+            assert server.connections == 1
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_each_get_a_connection() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            answers = await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+            assert answers == [{"got": {"i": i}} for i in range(16)]
+            assert 1 <= server.connections <= 16
+            before = server.connections
+            await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+            assert server.connections == before  # the idle ones were reused
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_error_status_and_error_frame() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            with pytest.raises(WorkerHTTPError) as info:
+                await client.post_json(server.url + "/fail", {})
+            assert info.value.status == 503 and info.value.message == "nope"
+            with pytest.raises(WorkerHTTPError) as info:
+                await client.open_sse(server.url + "/fail", {})
+            assert info.value.status == 503
+            stream = await client.open_sse(server.url + "/sse_error", {})
+            seen = []
+            with pytest.raises(WorkerStreamError, match="engine died"):
+                async for batch in stream.batches():
+                    seen += batch
+            assert seen == [{"i": 0}]
+            assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_unreachable_worker_is_unavailable() -> None:
+    async def main() -> None:
+        client = await _client()
+        with pytest.raises(WorkerUnavailable):
+            await client.post_json(f"http://127.0.0.1:{_free_port()}/echo", {})
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_cut_stream_and_read_timeout_are_broken() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client(read_timeout_s=0.3)
+            stream = await client.open_sse(server.url + "/cut", {})
+            seen = []
+            with pytest.raises(WorkerStreamBroken):
+                async for batch in stream.batches():
+                    seen += batch
+            assert seen == [{"i": 0}]
+            with pytest.raises(WorkerStreamBroken, match="no data"):
+                await client.post_json(server.url + "/slow", {})
+            assert await client.post_json(server.url + "/echo", {"b": 2}) == {"got": {"b": 2}}
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
+    """A keep-alive connection the worker dropped while idle: the request goes on a new one."""
+
+    async def main() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+            body = b'{"ok":true}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.close()  # keep-alive promised, then closed while idle
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await _client()
+        for _ in range(3):
+            assert await client.post_json(f"http://127.0.0.1:{port}/x", {}) == {"ok": True}
+            await asyncio.sleep(0.2)
+        assert len(accepted) == 3
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_late_close_of_a_finished_stream_does_not_touch_the_next_request() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            stream = await client.open_sse(server.url + "/sse", {"n": 2})
+            assert [f["i"] async for b in stream.batches() for f in b] == [0, 1]
+            await asyncio.sleep(0.05)
+            pending = asyncio.ensure_future(client.post_json(server.url + "/echo", {"c": 3}))
+            await asyncio.sleep(0)
+            stream.close()  # the connection may now serve `pending`
+            assert await pending == {"got": {"c": 3}}
+            assert server.connections == 1
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_large_body_through_flow_control_and_relay() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            answer = await client.relay(server.url + "/big", b"{}")
+            assert answer.status == 200 and answer.content_type == "application/octet-stream"
+            total = 0
+            async for chunk in answer.chunks():
+                total += len(chunk)
+                await asyncio.sleep(0.001)  # a slow reader: the socket is paused, not buffered without bound
+            assert total == 3 << 20
+            answer = await client.relay(server.url + "/big", b"{}")
+            assert len(await answer.read()) == 3 << 20
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_abandoned_stream_closes_its_connection() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            stream = await client.open_sse(server.url + "/sse", {"n": 1000})
+            batches = stream.batches()
+            first = await batches.__anext__()
+            assert first and first[0] == {"i": 0}
+            await batches.aclose()  # the reader went away mid-stream
+            assert await client.post_json(server.url + "/echo", {"d": 4}) == {"got": {"d": 4}}
+            assert server.connections == 2  # the half-read connection was not reused
+            await client.close()
+
+    asyncio.run(main())
