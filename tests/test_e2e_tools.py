@@ -215,7 +215,7 @@ def test_chat_model_searches_opens_and_finds(client: openai.OpenAI, servers: dic
     assert opened.output_text[citations[0].start_index:citations[0].end_index] == page
 
     action = found.output[0].action
-    assert action.type == "find" and action.pattern == "small" and action.url == page
+    assert action.type == "find_in_page" and action.pattern == "small" and action.url == page
     assert found.output_text == f"tool said: {page}\n\nSmall plates on Fridays."
 
     # The next turn's prompt gives the model its own three calls back, as the functions it called.
@@ -266,7 +266,7 @@ def test_harmony_builtin_tools_run_on_the_router(client: openai.OpenAI) -> None:
     found = client.responses.create(model="oss", input="fish [sim:builtin=browser.find]", tools=[{"type": "web_search"}],
                                     previous_response_id=opened.id)
     hit = next(i for i in found.output if i.type == "web_search_call")
-    assert hit.action.type == "find" and hit.action.pattern == "fish" and "fish" in found.output_text.lower()
+    assert hit.action.type == "find_in_page" and hit.action.pattern == "fish" and "fish" in found.output_text.lower()
     code = client.responses.create(model="oss", input="compute [sim:builtin=python]",
                                    tools=[{"type": "code_interpreter", "container": "auto"}], include=["code_interpreter_call.outputs"])
     call = next(i for i in code.output if i.type == "code_interpreter_call")

@@ -116,11 +116,11 @@ def test_open_page_by_number_gets_its_url_when_it_ran() -> None:
 
 def test_find_with_a_url_names_it_at_once() -> None:
     _, call, events = _call(FIND_IN_PAGE, {"pattern": "cod", "url": "https://a.example/1"})
-    assert call.item["action"] == {"type": "find", "pattern": "cod", "url": "https://a.example/1"}
+    assert call.item["action"] == {"type": "find_in_page", "pattern": "cod", "url": "https://a.example/1"}
     _, later, events = _call(FIND_IN_PAGE, {"pattern": "cod"})
-    assert later.item["action"]["url"] is None
+    assert later.item["action"]["url"] == ""  # not known yet; the SDK types it as a string
     later.finish(events, output="https://a.example/2")
-    assert later.item["action"] == {"type": "find", "pattern": "cod", "url": "https://a.example/2"}
+    assert later.item["action"] == {"type": "find_in_page", "pattern": "cod", "url": "https://a.example/2"}
 
 
 def test_a_failed_open_is_a_failed_item() -> None:

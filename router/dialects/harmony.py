@@ -166,7 +166,7 @@ def _router_call(item: Item) -> list[Message]:
         action = item.get("action") or {}
         if action.get("type") == "open_page":
             recipient, call = "browser.open", json.dumps({"id": action.get("url")})
-        elif action.get("type") == "find":
+        elif action.get("type") in ("find", "find_in_page"):
             recipient, call = "browser.find", json.dumps({"pattern": action.get("pattern", "")})
         else:
             recipient, call = "browser.search", json.dumps({"query": action.get("query", "")})

@@ -119,7 +119,7 @@ def _search_action(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return {"type": "open_page", "url": url}
     if name == "find":
         url = arguments.get("url")
-        return {"type": "find", "pattern": str(arguments.get("pattern", "")), "url": url if _is_url(url) else None}
+        return {"type": "find_in_page", "pattern": str(arguments.get("pattern", "")), "url": url if _is_url(url) else ""}  # the SDK types url as a string
     return {"type": "search", "query": str(arguments.get("query", ""))}
 
 
