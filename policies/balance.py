@@ -24,7 +24,8 @@ class Candidate(Protocol):
     number where LOWER IS BETTER. The pool sets it to the router's
     ``in_flight`` plus the queue depth it last scraped from the engine
     (requests waiting, not yet scheduled), so it counts other routers'
-    traffic too; in units of requests, never negative. A candidate without
+    traffic too, plus half the scraped KV-cache usage (0..1), which only
+    breaks ties; in units of requests, never negative. A candidate without
     a ``load`` attribute (or with ``load = None``) counts as
     ``load == in_flight``; policies read it only through ``load_of``.
     """

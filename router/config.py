@@ -262,6 +262,7 @@ class CodeInterpreterConfig(_Section):
     timeout_s: float = Field(10.0, gt=0)
     memory_mb: int = Field(256, ge=32)
     cpu_s: int = Field(10, ge=1)
+    tmp_mb: int = Field(64, ge=1)  # each run's private /tmp (a tmpfs, counted in its memory cgroup)
 
 
 class ToolsConfig(_Section):

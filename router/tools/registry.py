@@ -58,7 +58,7 @@ class RouterTools:
             from router.tools.code_interpreter import CodeInterpreter, SandboxLimits
 
             ci = config.code_interpreter
-            limits = SandboxLimits(timeout_s=ci.timeout_s, memory_mb=ci.memory_mb, cpu_s=ci.cpu_s)
+            limits = SandboxLimits(timeout_s=ci.timeout_s, memory_mb=ci.memory_mb, cpu_s=ci.cpu_s, tmp_mb=ci.tmp_mb)
             tools.interpreter = CodeInterpreter((base_dir / ci.root).resolve(), limits)
         return tools
 
