@@ -12,13 +12,14 @@ import os
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.client import WorkerStreamBroken, WorkerUnavailable
 from backends.pools import NoHealthyWorker, Worker
 from router.api.auth import Authenticator
 from router.api.http import read_body
+from router.api.sse import StreamBody
 from router.protocol.errors import InvalidRequest, NoCapacity, NotFound, UpstreamError
 from router.turns.routing import ModelTarget
 
@@ -41,7 +42,7 @@ class PassthroughAPI:
     async def completions(self, request: Request) -> Response:
         return await self._relay(request, "completions_path")
 
-    async def _relay(self, request: Request, path_attr: str) -> Response:
+    async def _relay(self, request: Request, path_attr: str) -> Response | StreamBody:
         self.auth.owner(request)
         body = _json_object(await read_body(request, self.max_body_bytes))
         target = self.models.get(body.get("model"))  # type: ignore[arg-type]
@@ -77,7 +78,7 @@ class PassthroughAPI:
                 worker.in_flight -= 1
                 worker.served += 1
             return Response(raw, status_code=answer.status, media_type=answer.content_type)
-        return StreamingResponse(_counted(answer.chunks(), worker), status_code=answer.status, media_type=answer.content_type)
+        return StreamBody(_counted(answer.chunks(), worker), status=answer.status, media_type=answer.content_type)
 
 
 async def _counted(chunks: Any, worker: Worker) -> Any:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from router.api.auth import Authenticator
 from router.api.http import int_param, json_response, list_page, order_param, parse_model, read_body
-from router.api.sse import SSE_HEADERS, sse_body
+from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.requests import CreateResponse
 from router.state.store import Store
@@ -47,7 +47,7 @@ class ResponsesAPI:
             Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
         ]
 
-    async def create(self, request: Request) -> Response:
+    async def create(self, request: Request) -> Response | StreamBody:
         owner = self.auth.owner(request)
         req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
         run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools,
@@ -64,7 +64,7 @@ class ResponsesAPI:
         await run.open_stream()
         return _sse(run.events(), run.served_by)
 
-    async def retrieve(self, request: Request) -> Response:
+    async def retrieve(self, request: Request) -> Response | StreamBody:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         body = await self._get(rid, owner)
@@ -112,8 +112,8 @@ class ResponsesAPI:
         return body
 
 
-def _sse(batches: Any, headers: dict[str, str] | None = None) -> StreamingResponse:
-    return StreamingResponse(sse_body(batches), media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})})
+def _sse(batches: Any, headers: dict[str, str] | None = None) -> StreamBody:
+    return event_stream(batches, headers)
 
 
 def _not_found(rid: str) -> NotFound:

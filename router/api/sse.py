@@ -1,13 +1,22 @@
-"""Server-sent events framing: each frame whole, its ``event:`` line equal to ``type``."""
+"""Streamed answers: server-sent events framing, and the ASGI app that sends them.
+
+Each SSE frame is whole and its ``event:`` line equals its ``type``.
+``StreamBody`` replaces Starlette's StreamingResponse on the streaming routes:
+measured here, its anyio task group and per-chunk send wrappers cost ~10 us
+per streamed token; this sends each chunk straight to the server and watches
+for the client's disconnect with one task per stream.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 
 DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def encode_events(events: list[dict[str, Any]]) -> bytes:
@@ -15,10 +24,57 @@ def encode_events(events: list[dict[str, Any]]) -> bytes:
     return b"".join(b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n" for ev in events)
 
 
-async def sse_body(batches: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    async for events in batches:
-        yield encode_events(events)
-    yield DONE
+class StreamBody:
+    """A streamed answer as an ASGI app: one send per item of ``source``, then ``tail``.
+
+    When the client goes away, the task producing the stream is cancelled, so
+    whatever it is reading from (a worker's stream) is closed at once.
+    """
+
+    def __init__(self, source: AsyncIterator[Any], *, encode: Callable[[Any], bytes] | None = None, tail: bytes = b"",
+                 status: int = 200, media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:
+        self.source = source
+        self.encode = encode
+        self.tail = tail
+        self.status_code = status
+        self.headers = {"content-type": media_type, **(headers or {})}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        watcher = asyncio.get_running_loop().create_task(watch())
+        encode, source = self.encode, self.source
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+            async for item in source:
+                await send({"type": "http.response.body", "body": encode(item) if encode else item, "more_body": True})
+            await send({"type": "http.response.body", "body": self.tail, "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()  # the client left: a normal end for the server
+        finally:
+            watcher.cancel()
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except asyncio.CancelledError:
+                    if not gone:
+                        raise
+                    task.uncancel()
 
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+def event_stream(batches: AsyncIterator[list[dict[str, Any]]], headers: dict[str, str] | None = None) -> StreamBody:
+    """Batches of Responses events as ``text/event-stream``, ending with ``data: [DONE]``."""
+    return StreamBody(batches, encode=encode_events, tail=DONE, headers={**SSE_HEADERS, **(headers or {})})

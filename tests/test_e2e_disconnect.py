@@ -1,0 +1,59 @@
+"""A client that leaves mid-stream: the worker's generation stops, and the router goes on serving."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.procs import RouterProcess
+from tests.test_e2e_state import running_on_workers
+
+pytestmark = pytest.mark.e2e
+
+
+def _until_idle(router: RouterProcess, deadline_s: float = 15.0) -> int:
+    """Polls the workers' own gauge until nothing runs (or the deadline); returns the last reading."""
+    end = time.monotonic() + deadline_s
+    running = running_on_workers(router)
+    while running and time.monotonic() < end:
+        time.sleep(0.05)
+        running = running_on_workers(router)
+    return running
+
+
+def test_leaving_a_responses_stream_stops_the_worker(router: RouterProcess, client: openai.OpenAI) -> None:
+    assert _until_idle(router) == 0
+    stream = client.responses.create(model=MODEL, input="[sim:tokens=20000] [sim:itl_ms=2]", stream=True)
+    deltas = 0
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            deltas += 1
+            if deltas == 5:
+                break
+    assert deltas == 5 and running_on_workers(router) == 1
+    stream.close()
+    assert _until_idle(router) == 0
+    after = client.responses.create(model=MODEL, input="[sim:tokens=3] still here")
+    assert after.status == "completed" and len(after.output_text.split()) == 3
+
+
+def test_leaving_a_passthrough_stream_stops_the_worker(router: RouterProcess) -> None:
+    assert _until_idle(router) == 0
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "[sim:tokens=20000] [sim:itl_ms=2]"}]}
+    with httpx.Client(base_url=router.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+            lines = resp.iter_lines()  # held: closing this generator would close the connection
+            frames = 0
+            while frames < 5:
+                frames += next(lines).startswith("data: {")
+            assert running_on_workers(router) == 1
+        assert _until_idle(router) == 0
+        done = http.post("/v1/chat/completions", json={**body, "stream": False,
+                                                        "messages": [{"role": "user", "content": "[sim:tokens=2] hi"}]})
+        assert done.status_code == 200 and done.json()["choices"][0]["finish_reason"] == "stop"
