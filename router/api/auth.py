@@ -23,7 +23,7 @@ class Authenticator:
     def owner(self, request: Request) -> str:
         if not self._keys:
             return ANONYMOUS
-        header = request.headers.get("authorization", "")
+        header = next((v.decode("latin-1") for k, v in request.scope["headers"] if k == b"authorization"), "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")

@@ -22,12 +22,32 @@ except ImportError:  # without the package, zstd bodies are answered 415
 M = TypeVar("M", bound=BaseModel)
 
 
-def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
+class JSONBody:
+    """A JSON answer as a bare ASGI app: the hot routes' answers skip Starlette's
+    Response (its header handling is ~5 us a request, measured here)."""
+
+    __slots__ = ("body", "status_code", "headers")
+
+    def __init__(self, content: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self.body = orjson.dumps(content)
+        self.status_code = status
+        self.headers = headers
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.body))]
+        if self.headers:
+            raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONBody:
+    return JSONBody(content, status, headers)
 
 
 def error_response(error: APIError) -> Response:
-    return json_response(error.body(), error.status)
+    """A Starlette Response, which the WebSocket handshake's denial also accepts."""
+    return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -37,8 +57,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     ``limit`` holds for the compressed and for the decompressed size, and
     decompression stops as soon as the output passes it (no zip bomb fills memory).
     """
-    encodings = content_encodings(request.headers.get("content-encoding"))
-    declared = request.headers.get("content-length")
+    encoding = declared = None
+    for name, value in request.scope["headers"]:  # raw scope headers: no Headers object per request
+        if name == b"content-encoding" and encoding is None:
+            encoding = value.decode("latin-1")
+        elif name == b"content-length" and declared is None:
+            declared = value.decode("latin-1")
+    encodings = content_encodings(encoding)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []

@@ -71,14 +71,15 @@ class ModelTarget:
 
     def route(self, key: str, previous: dict[str, Any] | None, *, prefix_key: str | None) -> Routing:
         """The arm for ``key``: the previous turn's arm while it is up, else the experiment's choice."""
-        down = {name for name, arm in self.arms.items() if not any(w.healthy for w in arm.route.pool.workers)}
-        if previous is not None and previous.get("arm") in self.arms and previous["arm"] not in down:
+        if previous is not None and previous.get("arm") in self.arms:
             arm = self.arms[previous["arm"]]
-            worker = previous.get("worker") if previous.get("pool") == arm.route.pool.name else None
-            return Routing(key, arm.name, arm.route, preferred_worker=worker)
+            if _up(arm):
+                worker = previous.get("worker") if previous.get("pool") == arm.route.pool.name else None
+                return Routing(key, arm.name, arm.route, preferred_worker=worker)
         if self.experiment is None:
             arm = next(iter(self.arms.values()))
             return Routing(key, arm.name, arm.route, prefix_key=prefix_key)
+        down = {name for name, arm in self.arms.items() if not _up(arm)}
         try:
             assignment = self.experiment.assign(key, down=down)
         except NoLiveArm:
@@ -105,3 +106,8 @@ def prefix_hash(*parts: str | None) -> str:
         digest.update((part or "").encode())
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def _up(arm: Arm) -> bool:
+    """Whether any worker of the arm's pool is healthy."""
+    return any(w.healthy for w in arm.route.pool.workers)
