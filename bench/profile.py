@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/profile.py", description=__doc__.split("\n")[0])
     p.add_argument("--rev", help="profile this git revision (git archive) instead of the working tree")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
-    p.add_argument("--requests", type=int, default=8000, help="non-stream requests at c=32")
+    p.add_argument("--requests", type=int, default=8000, help="non-stream requests")
+    p.add_argument("--concurrency", type=int, default=32, help="of the non-stream requests")
+    p.add_argument("--no-stream", dest="stream", action="store_false", help="profile the non-stream scenario only")
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--itl-ms", type=int, default=12, help="stream pacing, ms/token")
     p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="router-alone",
@@ -281,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
     s = scenarios.Settings()
     jobs = [
-        ("nonstream-c32", Job(kind="closed", port=0, path="/v1/responses", body=scenarios.responses_body(s.nonstream_tokens),
-                              concurrency=32, requests=args.requests, warmup=500),
+        (f"nonstream-c{args.concurrency}", Job(kind="closed", port=0, path="/v1/responses",
+                                               body=scenarios.responses_body(s.nonstream_tokens),
+                                               concurrency=args.concurrency, requests=args.requests, warmup=500),
          lambda r: (r["requests"], "request")),
         (f"stream-c{args.streams}", Job(kind="streams", port=0, path="/v1/responses",
                                         body=scenarios.responses_body(s.stream_tokens, stream=True, itl_ms=args.itl_ms),
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                                         warmup_body=scenarios.responses_body(50, stream=True, itl_ms=1)),
          lambda r: (r["tokens"], "token")),
     ]
+    if not args.stream:
+        jobs = jobs[:1]
     sections = []
     for name, job, unit_of in jobs:
         print(f"[profile] {name}", file=sys.stderr, flush=True)

@@ -34,6 +34,7 @@ from router.dialects.chat import ChatOptions
 from router.metrics import RouterMetrics
 from router.protocol.sealing import make_sealer
 from router.state import make_store
+from router.state.sqlite import SQLiteStore
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
@@ -164,6 +165,8 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     pools = {cfg.name: _pool(cfg) for cfg in config.pools}
     for cfg in config.pools:
         pools[cfg.name].max_model_len = cfg.context_length
+    if isinstance(store, SQLiteStore):  # commit on the loop only while no worker call is out
+        store.quiet = lambda: not any(w.in_flight for p in pools.values() for w in p.workers)
     encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
     routes = {
         cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect, ChatOptions(**cfg.chat.model_dump()),

@@ -589,3 +589,29 @@ def test_concurrent_puts_fail_alone(backend: Backend) -> None:
         assert await s.get_response("taken", "bob") is not None and await s.get_response("taken", "alice") is None
 
     backend.run(body)
+
+
+def test_sqlite_put_while_another_process_holds_the_write_lock(sqlite_db: SQLite) -> None:
+    """An idle store commits on the loop without waiting; a locked file sends the put to the
+    store's thread, which waits for the lock while the loop goes on."""
+
+    async def body(s: Store) -> None:
+        assert isinstance(s, SQLiteStore)
+        s.quiet = lambda: True  # as the app sets it while no request is being served
+        await s.put_response(resp("a"))
+        assert s._inline_puts == 1  # committed on the loop
+        other = sqlite3.connect(sqlite_db.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        put = asyncio.ensure_future(s.put_response(resp("b", prev="a")))
+        ticks = 0
+        for _ in range(20):  # the loop keeps turning while the put waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 20 and not put.done()
+        other.execute("COMMIT")
+        other.close()
+        await put
+        assert s._inline_puts == 1  # the locked put went through the thread
+        assert await ids(s, "b") == ["a-in", "a-out", "b-in", "b-out"]
+
+    sqlite_db.run(body)
