@@ -82,6 +82,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     import uvicorn
 
     from backends.launcher import LaunchError
+    from router.api.coalesce import CoalescingHttpToolsProtocol
     from router.app import build
 
     _Server = _server_class()
@@ -99,7 +100,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
             raise SystemExit(1) from None
         server = _Server(
             uvicorn.Config(
-                router.app, host=host, port=port, http="httptools", lifespan="off", access_log=False,
+                router.app, host=host, port=port, http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
                 log_level=config.server.log_level, timeout_graceful_shutdown=10,
             )
         )

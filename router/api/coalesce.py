@@ -1,0 +1,63 @@
+"""One write per answer: uvicorn's HTTP protocol with the response head held back.
+
+uvicorn writes a response's head (``http.response.start``) and its body in two
+``transport.write`` calls: two send syscalls, and two wake-ups of the client.
+Measured here, that is ~30 us of router CPU and a client wake-up per
+non-stream answer. The head is held until the first body write, which takes
+it along, or until the end of the loop iteration if no body write comes.
+Bodies (stream chunks included) are never delayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_HEAD = b"HTTP/1."
+
+
+class HeadHoldingTransport:
+    """Forwards everything to the socket's transport; only a response head waits."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data.startswith(_HEAD):
+            self._held = data
+            self._loop.call_soon(self._release)
+        else:
+            self._transport.write(data)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing through a HeadHoldingTransport."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
