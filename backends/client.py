@@ -57,7 +57,7 @@ class WorkerClient:
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
         """POST and return the decoded JSON answer; error statuses raise WorkerHTTPError."""
-        conn = await self.wire.post(url, orjson.dumps(body))
+        conn = await self.wire.post(url, orjson.dumps(body), whole=True)
         raw = await conn.read()
         if conn.status >= 400:
             raise WorkerHTTPError(conn.status, _decode(raw))

@@ -176,6 +176,11 @@ class Connection(asyncio.Protocol):
         while not self.headers_done:
             await self.wait()
 
+    async def until_complete(self) -> None:
+        """The whole answer is in (a body over the high-water mark is read on in ``read``)."""
+        while not self.complete and not self.paused:
+            await self.wait()
+
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
         gen = self.gen
@@ -303,15 +308,16 @@ class Wire:
         found = self._heads[key] = (pool, head)
         return found
 
-    async def post(self, url: str, body: bytes, *, sse: bool = False) -> Connection:
-        """Send a POST; returns the connection once the answer's headers are in."""
+    async def post(self, url: str, body: bytes, *, sse: bool = False, whole: bool = False) -> Connection:
+        """Send a POST; returns the connection once the answer's headers are in, or with
+        ``whole`` once all of it is (one wake-up when a worker writes head and body apart)."""
         pool, head = self._target(url, sse)
         data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         while True:
             conn, reused = await pool.acquire()
             conn.send(data)
             try:
-                await conn.headers()
+                await (conn.until_complete() if whole else conn.headers())
             except WorkerStreamBroken:
                 conn.abort()
                 if reused and not conn.got_bytes and not conn.timed_out:
