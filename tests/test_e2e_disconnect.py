@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -57,3 +58,24 @@ def test_leaving_a_passthrough_stream_stops_the_worker(router: RouterProcess) ->
         done = http.post("/v1/chat/completions", json={**body, "stream": False,
                                                         "messages": [{"role": "user", "content": "[sim:tokens=2] hi"}]})
         assert done.status_code == 200 and done.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_slow_reader_gets_the_whole_stream(router: RouterProcess) -> None:
+    """Past the socket's high-water mark, chunks wait for the client instead of piling up; nothing is lost."""
+    body = {"model": MODEL, "stream": True, "input": "[sim:tokens=3000] [sim:itl_ms=0]"}
+    with httpx.Client(base_url=router.base_url, timeout=60) as http:
+        with http.stream("POST", "/v1/responses", json=body) as resp:
+            assert resp.status_code == 200
+            raw = b""
+            for i, chunk in enumerate(resp.iter_raw(4096)):
+                raw += chunk
+                if i < 40:
+                    time.sleep(0.02)  # the router's writes back up meanwhile
+    frames = [f for f in raw.decode().split("\n\n") if f]
+    assert frames[-1] == "data: [DONE]"
+    events = [json.loads(f.split("data: ", 1)[1]) for f in frames[:-1]]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == 3000

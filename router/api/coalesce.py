@@ -1,11 +1,17 @@
-"""One write per answer: uvicorn's HTTP protocol with the response head held back.
+"""uvicorn's HTTP protocol with two shortcuts for the hot routes.
 
-uvicorn writes a response's head (``http.response.start``) and its body in two
-``transport.write`` calls: two send syscalls, and two wake-ups of the client.
-Measured here, that is ~30 us of router CPU and a client wake-up per
-non-stream answer. The head is held until the first body write, which takes
-it along, or until the end of the loop iteration if no body write comes.
-Bodies (stream chunks included) are never delayed.
+One write per answer: uvicorn writes a response's head (``http.response.start``)
+and its body in two ``transport.write`` calls: two send syscalls, and two
+wake-ups of the client. Measured here, that is ~30 us of router CPU and a
+client wake-up per non-stream answer. The head is held until the first body
+write, which takes it along, or until the end of the loop iteration if no body
+write comes. Bodies (stream chunks included) are never delayed.
+
+Stream chunks without the ASGI round trip: ``scope["extensions"]["router.write_chunk"]``
+frames a chunk of a chunked response and writes it at once (~3 us per streamed
+token less than an ASGI ``send``). It writes only while the response is
+streaming, the client is there and the socket keeps up; otherwise it returns
+False and the caller sends the chunk through ASGI, which waits for the socket.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _HEAD = b"HTTP/1."
+_HIGH_WATER = 64 * 1024  # bytes queued on the socket above which chunks go through ASGI (and wait)
 
 
 class HeadHoldingTransport:
@@ -61,3 +68,17 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {"router.write_chunk": self.write_chunk}  # type: ignore[typeddict-unknown-key]
+
+    def write_chunk(self, data: bytes) -> bool:
+        """Write one non-empty chunk of the current streamed response now; False: use ``send``."""
+        cycle = self.cycle
+        if (cycle is None or not data or not cycle.response_started or cycle.response_complete or cycle.disconnected
+                or not cycle.chunked_encoding or cycle.flow.write_paused
+                or self.transport.get_write_buffer_size() > _HIGH_WATER):
+            return False
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return True

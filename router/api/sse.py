@@ -54,10 +54,13 @@ class StreamBody:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         watcher = asyncio.get_running_loop().create_task(watch())
         encode, source = self.encode, self.source
+        write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/coalesce.py
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:
-                await send({"type": "http.response.body", "body": encode(item) if encode else item, "more_body": True})
+                body = encode(item) if encode else item
+                if write is None or not write(body):
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": self.tail, "more_body": False})
         except asyncio.CancelledError:
             if not gone:
