@@ -268,3 +268,39 @@ def test_abandoned_stream_closes_its_connection() -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def test_connection_close_and_a_hung_worker() -> None:
+    """An answer with ``Connection: close`` is read whole and its connection is not reused; a worker
+    that accepts and never answers is a read timeout, never retried on a fresh connection."""
+
+    async def main() -> None:
+        accepted: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"POST /hang" in head:
+                await asyncio.sleep(5)
+                writer.close()
+                return
+            body = b'{"n":%d}' % len(accepted)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = await _client(read_timeout_s=0.3)
+        assert await client.post_json(base + "/x", {}) == {"n": 1}
+        assert await client.post_json(base + "/x", {}) == {"n": 2}  # a new connection each time
+        assert client.wire._pools[("127.0.0.1", int(base.rsplit(":", 1)[1]))].idle == []
+        before = len(accepted)
+        with pytest.raises(WorkerStreamBroken, match="no data"):
+            await client.post_json(base + "/hang", {})
+        assert len(accepted) == before + 1  # the timed-out request was not sent again
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
