@@ -141,6 +141,13 @@ SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.
 WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
 """
 
+# Most puts write a response this router just created: a plain insert, nothing to replace.
+_INSERT_NEW_SQL = """
+INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(id) DO NOTHING
+"""
+
 # The same holder re-putting its response never shortens its lease: a renewal
 # may have extended it since the StoredResponse was built.
 _UPSERT_SQL = """
@@ -279,8 +286,8 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
         Raises PermissionError when the id exists under another owner. The
         lease columns are written too; a pending cancel request is kept.
-        Concurrent puts are committed together (one fsync, one thread hop), each
-        in its own savepoint, so one failing put leaves the others intact.
+        Concurrent puts are committed together (one commit, one thread hop); one
+        failing put leaves the others intact (see ``_put_many_sync``).
         """
         if (self._inline is not None and self.quiet is not None and not self._writing and not self._pending
                 and self.quiet() and self._put_inline(response)):
@@ -332,27 +339,22 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     @staticmethod
     def _put_many_sync(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[BaseException | None]:
-        if len(batch) == 1:  # the common case at low load: no savepoint needed
+        """All puts in one transaction; if any fails, the group is undone and each put goes
+        again in its own, so a failing put fails alone (no savepoint per put: two statements
+        saved on every put of the common, all-good group)."""
+        if len(batch) > 1:
             try:
-                SQLiteStore._put_sync(conn, batch[0])
-                return [None]
-            except Exception as exc:  # noqa: BLE001 - handed to the caller
-                return [exc]
+                SQLiteStore._write(conn, lambda: [SQLiteStore._put_statements(conn, r) for r in batch])
+                return [None] * len(batch)
+            except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
+                pass
         errors: list[BaseException | None] = []
-
-        def statements() -> None:
-            for response in batch:
-                try:
-                    conn.execute("SAVEPOINT put")
-                    SQLiteStore._put_statements(conn, response)
-                    conn.execute("RELEASE put")
-                    errors.append(None)
-                except Exception as exc:  # noqa: BLE001 - this put alone is undone
-                    conn.execute("ROLLBACK TO put")
-                    conn.execute("RELEASE put")
-                    errors.append(exc)
-
-        SQLiteStore._write(conn, statements)
+        for response in batch:
+            try:
+                SQLiteStore._put_sync(conn, response)
+                errors.append(None)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                errors.append(exc)
         return errors
 
     @staticmethod
@@ -367,12 +369,13 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
             for position, item in enumerate(items):
                 rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
-        row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at)
-        cur = conn.execute(_UPSERT_SQL, (*row, r.lease_holder, r.lease_until))
-        if cur.rowcount != 1:
-            # The id exists under another owner: never let one key overwrite another's.
-            raise PermissionError(f"response {r.id!r} belongs to another owner")
-        conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
+        row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at,
+               r.lease_holder, r.lease_until)
+        if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and all its items
+            if conn.execute(_UPSERT_SQL, row).rowcount != 1:
+                # The id exists under another owner: never let one key overwrite another's.
+                raise PermissionError(f"response {r.id!r} belongs to another owner")
+            conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
         conn.executemany("INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
