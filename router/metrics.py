@@ -112,10 +112,9 @@ class _Metric:
             out.append(f"{name}{labels} {format_value(value)}\n")
 
 
-class Counter(_Metric):
-    """A monotonically increasing sum per label tuple; ``name`` should end in ``_total``."""
+class _Values(_Metric):
+    """One float per label tuple: what a counter and a gauge both keep."""
 
-    type = "counter"
     __slots__ = ("_values",)
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
@@ -139,15 +138,18 @@ class Counter(_Metric):
             yield self.name, _label_text(names, labels), value
 
 
-class Gauge(_Metric):
+class Counter(_Values):
+    """A monotonically increasing sum per label tuple; ``name`` should end in ``_total``."""
+
+    type = "counter"
+    __slots__ = ()
+
+
+class Gauge(_Values):
     """A value that goes up and down, set by the process."""
 
     type = "gauge"
-    __slots__ = ("_values",)
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labelnames)
-        self._values: dict[Labels, float] = {}
+    __slots__ = ()
 
     def set(self, labels: Labels, value: float) -> None:
         values = self._values
@@ -155,27 +157,11 @@ class Gauge(_Metric):
             self._new_series(labels)
         values[labels] = value
 
-    def inc(self, labels: Labels = (), value: float = 1.0) -> None:
-        values = self._values
-        old = values.get(labels)
-        if old is None:
-            self._new_series(labels)
-            old = 0.0
-        values[labels] = old + value
-
     def dec(self, labels: Labels = (), value: float = 1.0) -> None:
         self.inc(labels, -value)
 
     def remove(self, labels: Labels) -> None:
         self._values.pop(labels, None)
-
-    def get(self, labels: Labels = ()) -> float:
-        return self._values.get(labels, 0.0)
-
-    def samples(self) -> Iterable[tuple[str, str, float]]:
-        names = self.labelnames
-        for labels, value in list(self._values.items()):
-            yield self.name, _label_text(names, labels), value
 
 
 class GaugeFunc(_Metric):
