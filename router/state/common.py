@@ -30,6 +30,12 @@ def encode_items(items: list[Item]) -> list[tuple[str | None, bytes]]:
     return [(item_id(item), orjson.dumps(item)) for item in items]
 
 
+def decode_bodies(rows: Any) -> list[Any]:
+    """The JSON body of each row, in order; rows with a NULL body (a LEFT JOIN that found
+    nothing: a response or conversation without items) are skipped."""
+    return [orjson.loads(body) for (body,) in rows if body is not None]
+
+
 def encode_events(events: list[dict[str, Any]]) -> list[tuple[int, bytes]]:
     """(sequence_number, orjson bytes) per event; ValueError for an event without an integer one."""
     rows: list[tuple[int, bytes]] = []

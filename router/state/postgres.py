@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from router.state.common import check_page, item_id
+from router.state.common import check_page, decode_bodies, item_id
 from router.state.postgres_background import PostgresBackground
 from router.state.postgres_conversations import PostgresConversations
 from router.state.store import Item, ItemPage, Order, StoredResponse
@@ -307,7 +307,7 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
         # A response without items yields one row with a NULL body: skip it.
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places

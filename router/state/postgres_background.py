@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import orjson
 
-from router.state.common import UNFINISHED, encode_events, failed_body
+from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body
 
 # Abandoned responses failed per transaction.
 FAIL_BATCH = 500
@@ -94,7 +94,7 @@ class PostgresBackground:
         rows = await self._pool.fetch(_READ_SQL, response_id, owner, self._now(), after, limit)
         if not rows:
             return None
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
         """Set ``lease_until`` on those of these responses whose lease ``holder`` holds."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 import orjson
 
-from router.state.common import check_page, encode_items
+from router.state.common import check_page, decode_bodies, encode_items
 from router.state.store import Conversation, Item, ItemPage, Order
 
 _GET_SQL = "SELECT id, owner, created_at, metadata FROM conversations WHERE id = $1 AND owner = $2"
@@ -149,7 +149,7 @@ class PostgresConversations:
         rows = await self._pool.fetch(_LOAD_SQL, conversation_id, owner)
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row when the conversation is there
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def list_conversation_items(
         self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from router.state.common import check_page, item_id, sqlite_page
+from router.state.common import check_page, decode_bodies, item_id, sqlite_page
 from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.store import Item, ItemPage, Order, StoredResponse
@@ -398,7 +398,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
         # A response without items yields one row with a NULL body: skip it.
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from router.state.common import UNFINISHED, encode_events, failed_body
+from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ class SQLiteBackground:
         rows = await self._run(lambda conn: conn.execute(_READ_SQL, params).fetchall())
         if not rows:
             return None
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
         """Set ``lease_until`` on those of these responses whose lease ``holder`` holds."""

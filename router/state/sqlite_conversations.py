@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from router.state.common import check_page, encode_items, sqlite_page
+from router.state.common import check_page, decode_bodies, encode_items, sqlite_page
 from router.state.store import Conversation, Item, ItemPage, Order
 
 T = TypeVar("T")
@@ -122,7 +122,7 @@ class SQLiteConversations:
         rows = await self._run(lambda conn: conn.execute(_LOAD_SQL, (conversation_id, owner)).fetchall())
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row when the conversation is there
-        return [orjson.loads(body) for (body,) in rows if body is not None]
+        return decode_bodies(rows)
 
     async def list_conversation_items(
         self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"
