@@ -10,7 +10,7 @@ what the router must do with them (backends/errors.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -107,16 +107,46 @@ class SSEStream:
 
     One batch per network read, so the events made from it leave in one write.
     Ends cleanly only on ``data: [DONE]``; anything else is WorkerStreamBroken.
+    Two ways to read it: ``batches()`` (pull: the reader task wakes per read) and
+    ``push()`` (each batch handed to a callback inside the connection's own
+    ``data_received``: no task wake-up per read, ~10 us per streamed token less).
     """
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._gen = conn.gen
+        self._buffer = b""
+        self._done = False  # [DONE] seen
+        self._error: WorkerStreamError | None = None  # an error frame, raised after the frames before it
+
+    def _frames(self, data: bytes) -> list[Any]:
+        """The decoded payloads of the frames ``data`` completes, up to ``[DONE]`` or an error frame."""
+        buffer = self._buffer + data if self._buffer else data
+        if b"\n\n" not in buffer:
+            self._buffer = buffer
+            return []
+        frames = buffer.split(b"\n\n")
+        self._buffer = frames.pop()
+        batch = []
+        for frame in frames:
+            payload = _data(frame)
+            if payload is None:
+                continue
+            if payload == b"[DONE]":
+                self._done = True
+                break
+            try:
+                decoded = orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise WorkerStreamBroken(repr(exc)) from exc
+            if type(decoded) is dict and "error" in decoded and "choices" not in decoded:
+                self._error = WorkerStreamError(_error_message(decoded["error"]))
+                break
+            batch.append(decoded)
+        return batch
 
     async def batches(self) -> AsyncIterator[list[Any]]:
         conn = self._conn
-        buffer = b""
-        done = False
         try:
             while True:
                 if not conn.chunks:
@@ -124,33 +154,66 @@ class SSEStream:
                         break
                     await conn.wait()
                     continue
-                buffer += conn.take()
-                if b"\n\n" not in buffer:
-                    continue
-                frames = buffer.split(b"\n\n")
-                buffer = frames.pop()
-                batch = []
-                for frame in frames:
-                    payload = _data(frame)
-                    if payload is None:
-                        continue
-                    if payload == b"[DONE]":
-                        done = True
-                        if batch:
-                            yield batch
-                        return
-                    frame = orjson.loads(payload)
-                    if type(frame) is dict and "error" in frame and "choices" not in frame:
-                        if batch:
-                            yield batch
-                        raise WorkerStreamError(_error_message(frame["error"]))
-                    batch.append(frame)
+                batch = self._frames(conn.take())
                 if batch:
                     yield batch
-        except orjson.JSONDecodeError as exc:
-            raise WorkerStreamBroken(repr(exc)) from exc
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    return
         finally:
-            conn.finish(self._gen, drain=done)
+            conn.finish(self._gen, drain=self._done)
+        raise WorkerStreamBroken("the worker closed the stream before [DONE]")
+
+    async def push(self, on_batch: Callable[[list[Any]], bool]) -> AsyncIterator[None]:
+        """Hand each batch to ``on_batch`` as it arrives, from the connection's ``data_received``.
+
+        ``on_batch`` returns False when its consumer cannot take more now: reading
+        stops and this yields once, so the consumer can catch up in its task;
+        reading resumes when iteration goes on. Failures, ``on_batch``'s own
+        included, are raised here, in the consumer's task.
+        """
+        conn = self._conn
+        failure: BaseException | None = None
+        held = False
+
+        def feed(data: bytes) -> None:
+            nonlocal failure, held
+            try:
+                batch = self._frames(data)
+                if batch and not on_batch(batch):
+                    held = True
+                    conn.pause()
+            except Exception as exc:  # raised again in the consumer's task
+                failure = exc
+                conn.sink = None
+                conn.pause()
+            if failure is not None or held or self._done or self._error is not None:
+                conn._wake()
+
+        try:
+            if conn.chunks:  # bytes that came with the headers
+                feed(conn.take())
+            conn.sink = feed
+            while True:
+                if held:
+                    held = False
+                    yield
+                    if failure is None and not self._done and self._error is None:
+                        conn.resume()
+                    continue
+                if failure is not None:
+                    raise failure
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    return
+                if conn.complete and not conn.chunks:
+                    break
+                await conn.wait()
+        finally:
+            conn.sink = None
+            conn.finish(self._gen, drain=self._done)
         raise WorkerStreamBroken("the worker closed the stream before [DONE]")
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ on a fresh connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -45,6 +45,9 @@ class Connection(asyncio.Protocol):
         self._begin()
 
     def _begin(self) -> None:
+        # Push mode (SSEStream.push): body bytes go to this callable from data_received, at once,
+        # instead of waking a reader task per read.
+        self.sink: Callable[[bytes], None] | None = None
         self.status = 0
         self.content_type = "application/json"
         self.chunks: list[bytes] = []
@@ -73,6 +76,13 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(WorkerStreamBroken(f"{self.pool.origin}: bad HTTP answer: {exc}"))
             self.abort()
+            return
+        sink = self.sink
+        if sink is not None and self.chunks:
+            chunks = self.chunks
+            self.chunks = []
+            self.buffered = 0
+            sink(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -98,10 +108,11 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
+        if self.sink is not None:
+            return  # data_received hands the read to the sink once the parser is done with it
         self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.buffered > HIGH_WATER and not self.paused:
+            self.pause()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -166,11 +177,21 @@ class Connection(asyncio.Protocol):
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         self.buffered = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.last_read = self.loop.time()
-            self.transport.resume_reading()
+        if self.paused:
+            self.resume()
         return data
+
+    def pause(self) -> None:
+        """Stop reading the socket (the worker's writes back up); the read timeout waits too."""
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.last_read = self.loop.time()
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     async def headers(self) -> None:
         while not self.headers_done:
@@ -218,6 +239,7 @@ class Connection(asyncio.Protocol):
         (``[DONE]``) and the last bytes of the body may still be on their way."""
         if gen != self.gen or not self.active or self.draining:
             return
+        self.sink = None
         if drain and not self.complete and self.error is None and not self.closed:
             self.draining = True  # on_message_complete finishes it; the watchdog still runs
             return
@@ -232,6 +254,7 @@ class Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.active = self.draining = False
+        self.sink = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import httpx
@@ -79,3 +80,45 @@ def test_a_slow_reader_gets_the_whole_stream(router: RouterProcess) -> None:
     final = events[-1]
     assert final["type"] == "response.completed"
     assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == 3000
+
+
+def test_a_reader_that_stops_reading_holds_up_the_worker_and_loses_nothing(router: RouterProcess) -> None:
+    """A small receive window and no reads for a while: the router's socket backs up, its direct
+    writes refuse, the worker's stream is paused, and the events then leave in order, all of them."""
+    # 4,000 tokens with 20 top logprobs each: ~8 MB of events, more than the socket buffers hold
+    body = json.dumps({"model": MODEL, "stream": True, "input": "[sim:tokens=4000] [sim:itl_ms=0]", "top_logprobs": 20,
+                       "include": ["message.output_text.logprobs"]}).encode()
+    host, port = router.base_url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+    sock.connect((host, int(port)))
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(1.0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # a 4 KB window would crawl (ack delays)
+    raw = b""
+    sock.settimeout(60)
+    while chunk := sock.recv(1 << 16):
+        raw += chunk
+    sock.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    frames = [f for f in _dechunk(chunked).decode().split("\n\n") if f]
+    assert frames[-1] == "data: [DONE]"
+    events = [json.loads(f.split("data: ", 1)[1]) for f in frames[:-1]]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == 4000
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out += data[:size]
+        data = data[size + 2:]

@@ -304,3 +304,67 @@ def test_connection_close_and_a_hung_worker() -> None:
         server.close()
 
     asyncio.run(main())
+
+
+async def _pushed(stream, refuse: set[int] = frozenset()) -> tuple[list[int], int, int]:  # type: ignore[assignment,no-untyped-def]
+    """Reads a stream in push mode; batches whose position is in ``refuse`` are refused (the consumer
+    backs up). Returns the frames' ``i`` in order, how many batches came and how many times push yielded."""
+    got: list[int] = []
+    calls = 0
+
+    def on_batch(batch: list[dict]) -> bool:
+        nonlocal calls
+        got.extend(f["i"] for f in batch)
+        calls += 1
+        return calls - 1 not in refuse
+
+    yields = 0
+    async for _ in stream.push(on_batch):
+        yields += 1
+    return got, calls, yields
+
+
+def test_push_mode_delivers_in_order_and_pauses_when_refused() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            got, _, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}))
+            assert got == list(range(50)) and yields == 0
+            refuse = {0, 2, 3}
+            got, batches, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}), refuse=refuse)
+            # each refusal: reading stopped until the consumer came back for more
+            assert got == list(range(50)) and yields == len(refuse & set(range(batches))) >= 1
+            await asyncio.sleep(0.05)
+            assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+            assert server.connections == 1  # push mode keeps the connection alive like the pull mode
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_push_mode_failures_reach_the_consumer_task() -> None:
+    async def main() -> None:
+        async with Server(_app()) as server:
+            client = await _client()
+            stream = await client.open_sse(server.url + "/sse_error", {})
+            seen: list[dict] = []
+            with pytest.raises(WorkerStreamError, match="engine died"):
+                async for _ in stream.push(lambda batch: seen.extend(batch) is None):
+                    pass
+            assert seen == [{"i": 0}]  # the frames before the error frame were delivered
+            stream = await client.open_sse(server.url + "/cut", {})
+            with pytest.raises(WorkerStreamBroken):
+                async for _ in stream.push(lambda batch: True):
+                    pass
+
+            def bad(batch: list[dict]) -> bool:
+                raise ValueError("the dialect could not read a frame")
+
+            stream = await client.open_sse(server.url + "/sse", {"n": 20})
+            with pytest.raises(ValueError, match="could not read"):  # raised in this task, not in the loop's callback
+                async for _ in stream.push(bad):
+                    pass
+            assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
+            await client.close()
+
+    asyncio.run(main())

@@ -57,12 +57,12 @@ class ResponsesAPI:
             queued = await self.background.submit(run)
             if not req.stream:
                 return json_response(queued)
-            return _sse(self.background.replay(queued["id"], owner, -1))
+            return event_stream(self.background.replay(queued["id"], owner, -1))
         if not req.stream:
             body = await run.complete()
             return json_response(body, headers=run.served_by)
         await run.open_stream()
-        return _sse(run.events(), run.served_by)
+        return event_stream(run.events(), run.served_by, attach=run.attach_writer)
 
     async def retrieve(self, request: Request) -> Response | StreamBody:
         owner = self.auth.owner(request)
@@ -75,7 +75,7 @@ class ResponsesAPI:
             raise InvalidRequest("Only responses created with background set to true can be streamed again.",
                                  param="stream", code="stream_not_available")
         after = int_param(query.get("starting_after", "-1"), "starting_after", -1, 2**62)
-        return _sse(self.background.replay(rid, owner, after))
+        return event_stream(self.background.replay(rid, owner, after))
 
     async def cancel(self, request: Request) -> Response:
         owner = self.auth.owner(request)
@@ -110,10 +110,6 @@ class ResponsesAPI:
         if body is None:
             raise _not_found(rid)
         return body
-
-
-def _sse(batches: Any, headers: dict[str, str] | None = None) -> StreamBody:
-    return event_stream(batches, headers)
 
 
 def _not_found(rid: str) -> NotFound:

@@ -29,11 +29,17 @@ class StreamBody:
 
     When the client goes away, the task producing the stream is cancelled, so
     whatever it is reading from (a worker's stream) is closed at once.
+    ``attach`` is given a writer that sends an item now (True) or cannot, the
+    socket being backed up or the client gone (False): a producer may write
+    through it from a callback instead of yielding, and yield what it refused.
+    It gets None when the answer ends.
     """
 
     def __init__(self, source: AsyncIterator[Any], *, encode: Callable[[Any], bytes] | None = None, tail: bytes = b"",
-                 status: int = 200, media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:
+                 status: int = 200, media_type: str = "text/event-stream", headers: dict[str, str] | None = None,
+                 attach: Callable[[Callable[[Any], bool] | None], None] | None = None) -> None:
         self.source = source
+        self.attach = attach
         self.encode = encode
         self.tail = tail
         self.status_code = status
@@ -55,6 +61,8 @@ class StreamBody:
         watcher = asyncio.get_running_loop().create_task(watch())
         encode, source = self.encode, self.source
         write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/coalesce.py
+        if write is not None and self.attach is not None:
+            self.attach(lambda item: write(encode(item)) if encode else write(item))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:
@@ -68,6 +76,8 @@ class StreamBody:
             task.uncancel()  # the client left: a normal end for the server
         finally:
             watcher.cancel()
+            if self.attach is not None:
+                self.attach(None)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 try:
@@ -78,6 +88,7 @@ class StreamBody:
                     task.uncancel()
 
 
-def event_stream(batches: AsyncIterator[list[dict[str, Any]]], headers: dict[str, str] | None = None) -> StreamBody:
+def event_stream(batches: AsyncIterator[list[dict[str, Any]]], headers: dict[str, str] | None = None,
+                 attach: Callable[[Callable[[Any], bool] | None], None] | None = None) -> StreamBody:
     """Batches of Responses events as ``text/event-stream``, ending with ``data: [DONE]``."""
-    return StreamBody(batches, encode=encode_events, tail=DONE, headers={**SSE_HEADERS, **(headers or {})})
+    return StreamBody(batches, encode=encode_events, tail=DONE, headers={**SSE_HEADERS, **(headers or {})}, attach=attach)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,8 @@ class ResponseRun:
     lease_holder: str | None = None
     lease_s: float = 30.0
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
+    # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
+    direct: Callable[[list[Event]], bool] | None = None
     _tool_calls_run: int = 0
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
@@ -189,6 +191,10 @@ class ResponseRun:
         finally:
             self._close_stream()
 
+    def attach_writer(self, write: Callable[[list[Event]], bool] | None) -> None:
+        """The SSE answer's direct writer (router/api/sse.py), for as long as it sends."""
+        self.direct = write
+
     async def _compact(self) -> None:
         """``context_management``: past the threshold, the turns before the last user message become a summary."""
         threshold = compact_threshold(self.req)
@@ -208,16 +214,41 @@ class ResponseRun:
                                                self.owner, first_input=len(items) + 1)
 
     async def _read_turn(self) -> AsyncIterator[list[Event]]:
-        """One model turn's stream -> event batches; closes the turn."""
-        assert self._stream is not None
+        """One model turn's stream -> event batches; closes the turn.
+
+        With ``direct`` (a streaming HTTP answer), each upstream read becomes
+        events and is written to the client inside the worker connection's
+        ``data_received``; batches come out of here only when the client's
+        socket is backed up (they then go through the ASGI send, which waits).
+        """
+        stream = self._stream
+        assert stream is not None
         asm, decode = self._assembler, self._turn.chunk
-        timer = self._timer
-        async for batch in self._stream.batches():
-            events = asm.feed([d for frame in batch for d in decode(frame)])
-            if events:
+        timer, direct = self._timer, self.direct
+        if direct is None:
+            async for batch in stream.batches():
+                events = asm.feed([d for frame in batch for d in decode(frame)])
+                if events:
+                    if timer is not None:
+                        timer.token(len(batch))
+                    yield events
+        else:
+            held: list[list[Event]] = []
+
+            def on_batch(batch: list[Any]) -> bool:
+                events = asm.feed([d for frame in batch for d in decode(frame)])
+                if not events:
+                    return True
                 if timer is not None:
                     timer.token(len(batch))
-                yield events
+                if held or not direct(events):
+                    held.append(events)
+                    return False
+                return True
+
+            async for _ in stream.push(on_batch):
+                while held:
+                    yield held.pop(0)
         events = asm.feed(self._turn.end()) + asm.close_turn()
         self._close_stream()
         yield events
