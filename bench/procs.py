@@ -287,3 +287,13 @@ def start_router(workdir: Path, sim_urls: Sequence[str], *, cpus: Sequence[int] 
     proc = Proc("router", _spawn("router", argv, log_path, cpus, src), port, log_path)
     proc.wait_healthy()
     return proc
+
+
+def start_relay(workdir: Path, sim: Proc, *, cpus: Sequence[int] | None, src: Path = ROOT) -> Proc:
+    """``bench/relay.py`` in front of ``sim``: the floor for streamed tokens (a byte relay, nothing parsed)."""
+    port = free_port()
+    log_path = workdir / f"relay-{port}.log"
+    argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--upstream-port", str(sim.port)]
+    proc = Proc("relay", _spawn("relay", argv, log_path, cpus, ROOT), port, log_path)
+    proc.wait_healthy()  # the sim's /health, through the relay
+    return proc

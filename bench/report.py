@@ -101,6 +101,7 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
 
 def _stream_rows(res: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
+    floor = res.get("floor", {})
     for streams, r in sorted(res.get("streaming", {}).items()):
         cpu, sched = _cpu(r, "router")
         sim_cpu, _ = _cpu(r, "sim")
@@ -110,6 +111,14 @@ def _stream_rows(res: dict[str, Any]) -> list[Row]:
                         f"sim: {_us(sim_cpu, r['tokens']):.1f}",
                         f"{us:.1f} (schedstat {_us(sched, r['tokens']):.1f}); {done}", "",
                         f"<= {T_STREAM_CPU_US:.0f} us", _verdict(us, T_STREAM_CPU_US)))
+        f = floor.get(streams)
+        if f is not None:
+            _, f_sched = _cpu(f, "router")
+            _, r_sched = _cpu(r, "router")
+            f_us, r_us = _us(f_sched, f["tokens"]), _us(r_sched, r["tokens"])
+            rows.append(Row("3", f"stream x{streams} vs a byte relay (the floor), schedstat us/token",
+                            f"relay: {f_us:.1f}; {f['complete']}/{f['streams']} complete",
+                            f"{r_us:.1f}", f"{r_us / max(f_us, 1e-9):.2f}x, +{r_us - f_us:.1f} us"))
         rows.append(Row("3", f"stream x{streams} router writes per token (1.0 = paced)", "",
                         f"{r['chunks'] / max(r['tokens'], 1):.2f} ({r['tokens_per_s']:.0f} tokens/s)"))
 

@@ -112,6 +112,12 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
                 if "3" in items:
                     _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
                     res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
+                    _step("beside item 3: the same streams through a byte relay (bench/relay.py), the floor")
+                    relay = procs.start_relay(workdir, sim, cpus=layout.router, src=src)
+                    try:
+                        res["floor"] = scenarios.streaming_floor(relay, sim, s, layout)
+                    finally:
+                        relay.stop()
             finally:
                 router.stop()
         finally:

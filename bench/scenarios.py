@@ -167,6 +167,23 @@ def streaming_cpu(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[
     return out
 
 
+def streaming_floor(relay: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[int, dict[str, Any]]:
+    """Beside item 3: the same streams as chat completions through ``bench/relay.py`` (a byte relay):
+    the CPU per token of one read and one write in this interpreter, the floor for the router's figure."""
+    watch = {"router": relay.pid, "sim": sim.pid}  # "router": the process in the middle
+    out = {}
+    for streams, rounds, itl in ((1, s.stream_c1_rounds, s.stream_c1_itl_ms), (s.stream_c64, 1, s.stream_c64_itl_ms)):
+        job = Job(kind="streams", port=relay.port, path="/v1/chat/completions",
+                  body=chat_body(s.stream_tokens, stream=True, itl_ms=itl), streams=streams, rounds=rounds,
+                  warmup_streams=min(streams, 4), warmup_body=chat_body(50, stream=True, itl_ms=1),
+                  expect_tokens=s.stream_tokens, cpus=layout.loadgen, watch=watch, max_s=s.max_s,
+                  token_pattern='"delta":{"content":"', done_pattern="data: [DONE]")
+        result = run_load(job)
+        result["itl_ms"] = itl
+        out[streams] = result
+    return out
+
+
 def open_streams(router: Proc, sim: Proc, s: Settings, layout: Layout, *, tokens: int, itl_ms: int,
                  ramp_s: float) -> dict[str, Any]:
     """Item 4: ``open_streams`` concurrent streams of ``tokens`` at ``itl_ms``, sent over ``ramp_s``;
