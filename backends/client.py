@@ -222,6 +222,8 @@ class SSEStream:
 
 def _data(frame: bytes) -> bytes | None:
     """The data of one SSE frame (multi-line data joined by newlines), or None."""
+    if frame[:6] == b"data: " and b"\n" not in frame:  # what engines send: one data line per frame
+        return frame[6:].rstrip(b"\r")
     lines = [line[5:].lstrip(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")]
     if not lines:
         return None

@@ -51,6 +51,16 @@ class HeadHoldingTransport:
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
 
+    def get_write_buffer_size(self) -> int:  # per streamed token: not through __getattr__
+        return self._transport.get_write_buffer_size()
+
+    def write_chunk(self, frame: bytes) -> None:
+        """A body frame: straight to the socket unless a head is held."""
+        if self._held is None:
+            self._transport.write(frame)
+        else:
+            self.write(frame)
+
     def close(self) -> None:
         self._release()
         self._transport.close()
@@ -80,5 +90,5 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
                 or not cycle.chunked_encoding or cycle.flow.write_paused
                 or self.transport.get_write_buffer_size() > _HIGH_WATER):
             return False
-        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.transport.write_chunk(b"%x\r\n%s\r\n" % (len(data), data))  # type: ignore[attr-defined]
         return True

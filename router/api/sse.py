@@ -62,7 +62,7 @@ class StreamBody:
         encode, source = self.encode, self.source
         write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/coalesce.py
         if write is not None and self.attach is not None:
-            self.attach(lambda item: write(encode(item)) if encode else write(item))
+            self.attach(write if encode is None else lambda item: write(encode(item)))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:

@@ -87,8 +87,10 @@ class MessageItem(OpenItem):
         self._chunks.append(text)
         if logprobs:
             self.item["content"][-1]["logprobs"].extend(logprobs)
-        events.append(self.sink.event({"type": "response.output_text.delta", **self._base(self._part_index), "delta": text,
-                                       "logprobs": logprobs or []}))
+        # Built in one literal (no _base merge): this is the one event per streamed token.
+        events.append(self.sink.event({"type": "response.output_text.delta", "item_id": self.item["id"],
+                                       "output_index": self.index, "content_index": len(self.item["content"]) - 1,
+                                       "delta": text, "logprobs": logprobs or []}))
 
     def add_refusal(self, text: str, events: list[Event]) -> None:
         self.ensure_part(events, "refusal")

@@ -236,7 +236,7 @@ class ResponseRun:
             held: list[list[Event]] = []
 
             def on_batch(batch: list[Any]) -> bool:
-                events = asm.feed([d for frame in batch for d in decode(frame)])
+                events = asm.feed(decode(batch[0]) if len(batch) == 1 else [d for frame in batch for d in decode(frame)])
                 if not events:
                     return True
                 if timer is not None:
