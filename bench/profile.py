@@ -72,7 +72,7 @@ class Frame:
 def parse_raw(path: Path) -> list[tuple[str, list[Frame], int]]:
     """py-spy raw (collapsed) output -> (thread name, frames root..leaf, samples)."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n"):  # not splitlines(): a frame name may hold \x0c or \x1c
         if not line.strip():
             continue
         stack, _, count = line.rpartition(" ")

@@ -1,0 +1,144 @@
+"""Instructions per request and per streamed token, counted by callgrind: the repeatable reading.
+
+    .venv/bin/python bench/instructions.py [--baseline REV] [--requests 50] [--streams 10]
+
+Seconds on this machine move by 30-50% from one hour to the next (a shared
+VM: the same code and load read 30 or 47 us per token). Instruction counts
+do not: the same tree reads the same count to 0.1%, so an A/B of two trees
+is this script, run once, and ``bench/run.py`` gives the seconds.
+
+The router runs under ``valgrind --tool=callgrind`` (user-space instructions
+of every thread; the kernel's share of a syscall is not counted), the sim
+runs natively. After a warm-up the counters are zeroed, N requests are sent
+one at a time, and the counters are dumped. Streams are paced (5 ms/token)
+so that the router, slowed ~50x, still reads one token per read as it does
+natively. Beside the router, ``bench/relay.py`` (a byte relay) is counted
+the same way on the same streams: the floor per token. With ``--baseline``,
+the router of that git revision is counted too and the table prints ratios.
+Nothing is written to bench/RESULTS.md (paste the table there when it matters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import procs  # noqa: E402
+from bench.scenarios import chat_body, responses_body  # noqa: E402
+
+STREAM_TOKENS = 200
+STREAM_ITL_MS = 5
+
+
+def callgrind(argv: list[str], cwd: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(cwd), "PYTHONUNBUFFERED": "1"})
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while procs.http_status(url + "/health", timeout=5.0) != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"not up under callgrind:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.5)
+
+
+def count(proc: subprocess.Popen[bytes], out: Path, url: str, path: str, bodies: list[bytes], warmup: int) -> int:
+    """Instructions spent serving ``bodies`` one after another (after ``warmup`` requests of the first)."""
+    for _ in range(warmup):
+        procs.http_post(url + path, bodies[0], timeout=120)
+    subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
+    for body in bodies:
+        status, answer = procs.http_post(url + path, body, timeout=120)
+        if status != 200:
+            raise RuntimeError(f"{path} answered {status}: {answer[:300]!r}")
+    dumps_before = set(out.parent.glob(out.name + ".*"))
+    subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
+    for _ in range(100):
+        new = set(out.parent.glob(out.name + ".*")) - dumps_before
+        if new:
+            time.sleep(0.5)  # written in one go, but give it a moment
+            for line in max(new).read_text().splitlines():
+                if line.startswith("summary:"):
+                    return int(line.split()[1])
+        time.sleep(0.2)
+    raise RuntimeError("callgrind wrote no dump")
+
+
+def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_streams: int) -> dict[str, float]:
+    port = procs.free_port()
+    cfg = work / f"router-{port}.toml"
+    cfg.write_text(procs.router_config(port=port, sim_urls=[sim.url], db_path=str(work / f"r-{port}.db")))
+    out, log = work / f"router-{port}.cg", work / f"router-{port}.log"
+    proc = callgrind([sys.executable, "-m", "router", "--config", str(cfg)], src, out, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc, log)
+        create = count(proc, out, url, "/v1/responses", [responses_body(16).encode()] * n_requests, warmup=20)
+        stream = responses_body(STREAM_TOKENS, stream=True, itl_ms=STREAM_ITL_MS).encode()
+        streamed = count(proc, out, url, "/v1/responses", [stream] * n_streams, warmup=3)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return {"create": create / n_requests, "stream": streamed / (n_streams * STREAM_TOKENS)}
+
+
+def measure_relay(sim: procs.Proc, work: Path, n_streams: int) -> float:
+    port = procs.free_port()
+    out, log = work / f"relay-{port}.cg", work / f"relay-{port}.log"
+    argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--upstream-port", str(sim.port)]
+    proc = callgrind(argv, ROOT, out, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc, log)
+        body = chat_body(STREAM_TOKENS, stream=True, itl_ms=STREAM_ITL_MS).encode()
+        total = count(proc, out, url, "/v1/chat/completions", [body] * n_streams, warmup=3)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return total / (n_streams * STREAM_TOKENS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", help="also count the router of this git revision, and print ratios")
+    p.add_argument("--requests", type=int, default=50, help="non-stream requests counted (store: true, 16 tokens)")
+    p.add_argument("--streams", type=int, default=10, help=f"streams of {STREAM_TOKENS} tokens counted")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="responses-router-instructions-"))
+    sim = procs.start_sim(work, cpus=None)
+    try:
+        rows = {"working tree": measure_router(ROOT, sim, work, args.requests, args.streams)}
+        if args.baseline:
+            src = procs.export_rev(args.baseline, work / "baseline")
+            rows[f"baseline {args.baseline}"] = measure_router(src, sim, work, args.requests, args.streams)
+        relay = measure_relay(sim, work, args.streams)
+    finally:
+        sim.stop()
+    print("| router | instructions / create (store: true) | instructions / streamed token | token vs relay |")
+    print("|---|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['create']:,.0f} | {r['stream']:,.0f} | {r['stream'] / relay:.2f}x |")
+    print(f"| byte relay (bench/relay.py, the floor) | | {relay:,.0f} | 1.00x |")
+    if args.baseline:
+        new, old = rows["working tree"], rows[f"baseline {args.baseline}"]
+        print(f"\nworking tree / baseline: create {new['create'] / old['create']:.3f}x, "
+              f"streamed token {new['stream'] / old['stream']:.3f}x")
+    print(f"\n({args.requests} requests and {args.streams} streams of {STREAM_TOKENS} tokens at {STREAM_ITL_MS} ms/token, "
+          f"one at a time, after a warm-up; work folder {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
