@@ -121,15 +121,16 @@ class SSEStream:
 
     def _frames(self, data: bytes) -> list[Any]:
         """The decoded payloads of the frames ``data`` completes, up to ``[DONE]`` or an error frame."""
-        buffer = self._buffer + data if self._buffer else data
-        if b"\n\n" not in buffer:
-            self._buffer = buffer
-            return []
-        frames = buffer.split(b"\n\n")
-        self._buffer = frames.pop()
+        if not self._buffer and data[:6] == b"data: " and data.find(b"\n") == len(data) - 2 and data[-1:] == b"\n":
+            # A paced stream's every read: one whole frame of one data line.
+            payloads: list[bytes | None] = [data[6:-2].rstrip(b"\r")]
+        else:
+            buffer = self._buffer + data if self._buffer else data
+            frames = buffer.split(b"\n\n")
+            self._buffer = frames.pop()
+            payloads = [_data(frame) for frame in frames]
         batch = []
-        for frame in frames:
-            payload = _data(frame)
+        for payload in payloads:
             if payload is None:
                 continue
             if payload == b"[DONE]":
@@ -222,7 +223,7 @@ class SSEStream:
 
 def _data(frame: bytes) -> bytes | None:
     """The data of one SSE frame (multi-line data joined by newlines), or None."""
-    if frame[:6] == b"data: " and b"\n" not in frame:  # what engines send: one data line per frame
+    if frame[:6] == b"data: " and frame.find(b"\n") < 0:  # one data line
         return frame[6:].rstrip(b"\r")
     lines = [line[5:].lstrip(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")]
     if not lines:

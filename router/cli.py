@@ -100,7 +100,9 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
             raise SystemExit(1) from None
         server = _Server(
             uvicorn.Config(
+                # proxy_headers off: nothing here reads the client's address, and it is one ASGI layer per request
                 router.app, host=host, port=port, http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
+                proxy_headers=False,
                 log_level=config.server.log_level, timeout_graceful_shutdown=10,
             )
         )

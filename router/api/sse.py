@@ -19,9 +19,22 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+_HEADS: dict[str, bytes] = {}  # event type -> its "event:" line and "data: ", made once per type
+
+
+def _head(kind: str) -> bytes:
+    head = _HEADS.get(kind)
+    if head is None:
+        head = _HEADS[kind] = b"event: " + kind.encode() + b"\ndata: "
+    return head
+
+
 def encode_events(events: list[dict[str, Any]]) -> bytes:
     """All events of one batch as ONE write."""
-    return b"".join(b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n" for ev in events)
+    if len(events) == 1:  # a streamed token
+        ev = events[0]
+        return _head(ev["type"]) + orjson.dumps(ev) + b"\n\n"
+    return b"".join(_head(ev["type"]) + orjson.dumps(ev) + b"\n\n" for ev in events)
 
 
 class StreamBody:
