@@ -72,14 +72,7 @@ def test_a_slow_reader_gets_the_whole_stream(router: RouterProcess) -> None:
                 raw += chunk
                 if i < 40:
                     time.sleep(0.02)  # the router's writes back up meanwhile
-    frames = [f for f in raw.decode().split("\n\n") if f]
-    assert frames[-1] == "data: [DONE]"
-    events = [json.loads(f.split("data: ", 1)[1]) for f in frames[:-1]]
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-    final = events[-1]
-    assert final["type"] == "response.completed"
-    assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == 3000
+    _assert_whole_stream(raw, words=3000)
 
 
 def test_a_reader_that_stops_reading_holds_up_the_worker_and_loses_nothing(router: RouterProcess) -> None:
@@ -103,14 +96,19 @@ def test_a_reader_that_stops_reading_holds_up_the_worker_and_loses_nothing(route
     sock.close()
     head, _, chunked = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
-    frames = [f for f in _dechunk(chunked).decode().split("\n\n") if f]
+    _assert_whole_stream(_dechunk(chunked), words=4000)
+
+
+def _assert_whole_stream(raw: bytes, *, words: int) -> None:
+    """Every event, in sequence, ending completed with all the text its deltas carried."""
+    frames = [f for f in raw.decode().split("\n\n") if f]
     assert frames[-1] == "data: [DONE]"
     events = [json.loads(f.split("data: ", 1)[1]) for f in frames[:-1]]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     final = events[-1]
     assert final["type"] == "response.completed"
-    assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == 4000
+    assert text == final["response"]["output"][0]["content"][0]["text"] and len(text.split()) == words
 
 
 def _dechunk(data: bytes) -> bytes:
