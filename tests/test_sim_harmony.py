@@ -36,7 +36,7 @@ from backends.sim_harmony import CALL, RETURN, cut_ids, function_args
 from router.dialects import harmony_vocab
 from router.dialects.deltas import Finish, ToolCallDelta
 from router.dialects.harmony import HarmonyParser
-from tests.test_sim import ROOT, Sim
+from tests.sim_proc import ROOT, Sim
 
 END = 200007  # <|end|>
 WEATHER = {"type": "object", "required": ["location", "unit"], "properties": {

@@ -22,7 +22,7 @@ from backends.sim_cache import (Prefill, PrefixCache, block_hashes, cache_metric
 from backends.sim_script import count_prompt_tokens
 from policies.balance import LeastLoad
 from tests.procs import RouterProcess, sim_pool_toml, start_router
-from tests.test_sim import Sim
+from tests.sim_proc import Sim
 from tests.test_sim_harmony import _sim, enc, vocab_dir  # noqa: F401  (fixtures)
 from tests.test_sim_harmony import generate as harmony_generate
 from tests.test_sim_harmony import prompt as harmony_prompt
