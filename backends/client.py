@@ -109,7 +109,8 @@ class SSEStream:
     Ends cleanly only on ``data: [DONE]``; anything else is WorkerStreamBroken.
     Two ways to read it: ``batches()`` (pull: the reader task wakes per read) and
     ``push()`` (each batch handed to a callback inside the connection's own
-    ``data_received``: no task wake-up per read, ~10 us per streamed token less).
+    ``data_received``: no task wake-up per read; measured, a quarter fewer
+    instructions per streamed token).
     """
 
     def __init__(self, conn: Connection) -> None:
