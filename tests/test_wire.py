@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -107,59 +108,63 @@ async def _client(read_timeout_s: float = 5.0) -> WorkerClient:
     return client
 
 
-def test_keep_alive_reuses_one_connection() -> None:
-    async def main() -> None:
+def _against_app(main: Callable[[Server, WorkerClient], Awaitable[None]], read_timeout_s: float = 5.0) -> None:
+    """Runs ``main`` with a fresh client against a fresh ``_app()`` server; closes both, also on failure."""
+    async def run() -> None:
         async with Server(_app()) as server:
-            client = await _client()
-            for i in range(20):
-                assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
-            for n in (1, 5):
-                stream = await client.open_sse(server.url + "/sse", {"n": n})
-                got = [f["i"] async for batch in stream.batches() for f in batch]
-                assert got == list(range(n))
-            await asyncio.sleep(0.05)  # a stream's last chunk may come after [DONE]
-            assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
-            assert server.connections == 1
-            await client.close()
+            client = await _client(read_timeout_s=read_timeout_s)
+            try:
+                await main(server, client)
+            finally:
+                await client.close()
 
-    asyncio.run(main())
+    asyncio.run(run())
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        for i in range(20):
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        for n in (1, 5):
+            stream = await client.open_sse(server.url + "/sse", {"n": n})
+            got = [f["i"] async for batch in stream.batches() for f in batch]
+            assert got == list(range(n))
+        await asyncio.sleep(0.05)  # a stream's last chunk may come after [DONE]
+        assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+        assert server.connections == 1
+
+    _against_app(main)
 
 
 def test_concurrent_requests_each_get_a_connection() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            answers = await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
-            assert answers == [{"got": {"i": i}} for i in range(16)]
-            assert 1 <= server.connections <= 16
-            before = server.connections
-            await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
-            assert server.connections == before  # the idle ones were reused
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        answers = await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+        assert answers == [{"got": {"i": i}} for i in range(16)]
+        assert 1 <= server.connections <= 16
+        before = server.connections
+        await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+        assert server.connections == before  # the idle ones were reused
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_error_status_and_error_frame() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            with pytest.raises(WorkerHTTPError) as info:
-                await client.post_json(server.url + "/fail", {})
-            assert info.value.status == 503 and info.value.message == "nope"
-            with pytest.raises(WorkerHTTPError) as info:
-                await client.open_sse(server.url + "/fail", {})
-            assert info.value.status == 503
-            stream = await client.open_sse(server.url + "/sse_error", {})
-            seen = []
-            with pytest.raises(WorkerStreamError, match="engine died"):
-                async for batch in stream.batches():
-                    seen += batch
-            assert seen == [{"i": 0}]
-            assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerHTTPError) as info:
+            await client.post_json(server.url + "/fail", {})
+        assert info.value.status == 503 and info.value.message == "nope"
+        with pytest.raises(WorkerHTTPError) as info:
+            await client.open_sse(server.url + "/fail", {})
+        assert info.value.status == 503
+        stream = await client.open_sse(server.url + "/sse_error", {})
+        seen = []
+        with pytest.raises(WorkerStreamError, match="engine died"):
+            async for batch in stream.batches():
+                seen += batch
+        assert seen == [{"i": 0}]
+        assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_unreachable_worker_is_unavailable() -> None:
@@ -173,21 +178,18 @@ def test_unreachable_worker_is_unavailable() -> None:
 
 
 def test_cut_stream_and_read_timeout_are_broken() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client(read_timeout_s=0.3)
-            stream = await client.open_sse(server.url + "/cut", {})
-            seen = []
-            with pytest.raises(WorkerStreamBroken):
-                async for batch in stream.batches():
-                    seen += batch
-            assert seen == [{"i": 0}]
-            with pytest.raises(WorkerStreamBroken, match="no data"):
-                await client.post_json(server.url + "/slow", {})
-            assert await client.post_json(server.url + "/echo", {"b": 2}) == {"got": {"b": 2}}
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/cut", {})
+        seen = []
+        with pytest.raises(WorkerStreamBroken):
+            async for batch in stream.batches():
+                seen += batch
+        assert seen == [{"i": 0}]
+        with pytest.raises(WorkerStreamBroken, match="no data"):
+            await client.post_json(server.url + "/slow", {})
+        assert await client.post_json(server.url + "/echo", {"b": 2}) == {"got": {"b": 2}}
 
-    asyncio.run(main())
+    _against_app(main, read_timeout_s=0.3)
 
 
 def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
@@ -220,54 +222,45 @@ def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
 
 
 def test_late_close_of_a_finished_stream_does_not_touch_the_next_request() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            stream = await client.open_sse(server.url + "/sse", {"n": 2})
-            assert [f["i"] async for b in stream.batches() for f in b] == [0, 1]
-            await asyncio.sleep(0.05)
-            pending = asyncio.ensure_future(client.post_json(server.url + "/echo", {"c": 3}))
-            await asyncio.sleep(0)
-            stream.close()  # the connection may now serve `pending`
-            assert await pending == {"got": {"c": 3}}
-            assert server.connections == 1
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 2})
+        assert [f["i"] async for b in stream.batches() for f in b] == [0, 1]
+        await asyncio.sleep(0.05)
+        pending = asyncio.ensure_future(client.post_json(server.url + "/echo", {"c": 3}))
+        await asyncio.sleep(0)
+        stream.close()  # the connection may now serve `pending`
+        assert await pending == {"got": {"c": 3}}
+        assert server.connections == 1
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_large_body_through_flow_control_and_relay() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            answer = await client.relay(server.url + "/big", b"{}")
-            assert answer.status == 200 and answer.content_type == "application/octet-stream"
-            total = 0
-            async for chunk in answer.chunks():
-                total += len(chunk)
-                await asyncio.sleep(0.001)  # a slow reader: the socket is paused, not buffered without bound
-            assert total == 3 << 20
-            answer = await client.relay(server.url + "/big", b"{}")
-            assert len(await answer.read()) == 3 << 20
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        answer = await client.relay(server.url + "/big", b"{}")
+        assert answer.status == 200 and answer.content_type == "application/octet-stream"
+        total = 0
+        async for chunk in answer.chunks():
+            total += len(chunk)
+            await asyncio.sleep(0.001)  # a slow reader: the socket is paused, not buffered without bound
+        assert total == 3 << 20
+        answer = await client.relay(server.url + "/big", b"{}")
+        assert len(await answer.read()) == 3 << 20
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_abandoned_stream_closes_its_connection() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            stream = await client.open_sse(server.url + "/sse", {"n": 1000})
-            batches = stream.batches()
-            first = await batches.__anext__()
-            assert first and first[0] == {"i": 0}
-            await batches.aclose()  # the reader went away mid-stream
-            assert await client.post_json(server.url + "/echo", {"d": 4}) == {"got": {"d": 4}}
-            assert server.connections == 2  # the half-read connection was not reused
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 1000})
+        batches = stream.batches()
+        first = await batches.__anext__()
+        assert first and first[0] == {"i": 0}
+        await batches.aclose()  # the reader went away mid-stream
+        assert await client.post_json(server.url + "/echo", {"d": 4}) == {"got": {"d": 4}}
+        assert server.connections == 2  # the half-read connection was not reused
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_connection_close_and_a_hung_worker() -> None:
@@ -325,46 +318,40 @@ async def _pushed(stream, refuse: set[int] = frozenset()) -> tuple[list[int], in
 
 
 def test_push_mode_delivers_in_order_and_pauses_when_refused() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            got, _, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}))
-            assert got == list(range(50)) and yields == 0
-            refuse = {0, 2, 3}
-            got, batches, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}), refuse=refuse)
-            # each refusal: reading stopped until the consumer came back for more
-            assert got == list(range(50)) and yields == len(refuse & set(range(batches))) >= 1
-            await asyncio.sleep(0.05)
-            assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
-            assert server.connections == 1  # push mode keeps the connection alive like the pull mode
-            await client.close()
+    async def main(server: Server, client: WorkerClient) -> None:
+        got, _, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}))
+        assert got == list(range(50)) and yields == 0
+        refuse = {0, 2, 3}
+        got, batches, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}), refuse=refuse)
+        # each refusal: reading stopped until the consumer came back for more
+        assert got == list(range(50)) and yields == len(refuse & set(range(batches))) >= 1
+        await asyncio.sleep(0.05)
+        assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+        assert server.connections == 1  # push mode keeps the connection alive like the pull mode
 
-    asyncio.run(main())
+    _against_app(main)
 
 
 def test_push_mode_failures_reach_the_consumer_task() -> None:
-    async def main() -> None:
-        async with Server(_app()) as server:
-            client = await _client()
-            stream = await client.open_sse(server.url + "/sse_error", {})
-            seen: list[dict] = []
-            with pytest.raises(WorkerStreamError, match="engine died"):
-                async for _ in stream.push(lambda batch: seen.extend(batch) is None):
-                    pass
-            assert seen == [{"i": 0}]  # the frames before the error frame were delivered
-            stream = await client.open_sse(server.url + "/cut", {})
-            with pytest.raises(WorkerStreamBroken):
-                async for _ in stream.push(lambda batch: True):
-                    pass
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse_error", {})
+        seen: list[dict] = []
+        with pytest.raises(WorkerStreamError, match="engine died"):
+            async for _ in stream.push(lambda batch: seen.extend(batch) is None):
+                pass
+        assert seen == [{"i": 0}]  # the frames before the error frame were delivered
+        stream = await client.open_sse(server.url + "/cut", {})
+        with pytest.raises(WorkerStreamBroken):
+            async for _ in stream.push(lambda batch: True):
+                pass
 
-            def bad(batch: list[dict]) -> bool:
-                raise ValueError("the dialect could not read a frame")
+        def bad(batch: list[dict]) -> bool:
+            raise ValueError("the dialect could not read a frame")
 
-            stream = await client.open_sse(server.url + "/sse", {"n": 20})
-            with pytest.raises(ValueError, match="could not read"):  # raised in this task, not in the loop's callback
-                async for _ in stream.push(bad):
-                    pass
-            assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
-            await client.close()
+        stream = await client.open_sse(server.url + "/sse", {"n": 20})
+        with pytest.raises(ValueError, match="could not read"):  # raised in this task, not in the loop's callback
+            async for _ in stream.push(bad):
+                pass
+        assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
 
-    asyncio.run(main())
+    _against_app(main)
