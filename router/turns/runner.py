@@ -225,23 +225,24 @@ class ResponseRun:
         assert stream is not None
         asm, decode = self._assembler, self._turn.chunk
         timer, direct = self._timer, self.direct
+
+        def translate(batch: list[Any]) -> list[Event]:
+            events = asm.feed(decode(batch[0]) if len(batch) == 1 else [d for frame in batch for d in decode(frame)])
+            if events and timer is not None:
+                timer.token(len(batch))
+            return events
+
         if direct is None:
             async for batch in stream.batches():
-                events = asm.feed([d for frame in batch for d in decode(frame)])
+                events = translate(batch)
                 if events:
-                    if timer is not None:
-                        timer.token(len(batch))
                     yield events
         else:
             held: list[list[Event]] = []
 
             def on_batch(batch: list[Any]) -> bool:
-                events = asm.feed(decode(batch[0]) if len(batch) == 1 else [d for frame in batch for d in decode(frame)])
-                if not events:
-                    return True
-                if timer is not None:
-                    timer.token(len(batch))
-                if held or not direct(events):
+                events = translate(batch)
+                if events and (held or not direct(events)):
                     held.append(events)
                     return False
                 return True
