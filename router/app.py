@@ -186,6 +186,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     sealer = make_sealer(config.sealing.resolved_keys())
     responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                              background=background, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
+    passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
                        ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
@@ -194,10 +195,10 @@ def build(config: Config, base_dir: Path) -> RouterApp:
                             ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
                             max_age_s=config.server.websocket_max_age_s, sealer=sealer).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
-        *PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,
                  admin_key=config.auth.admin_key).routes(),
         *AdminAPI(pools=pools, models=targets, admin_key=config.auth.admin_key).routes(),
     ]
-    app = FastPath(Starlette(routes=routes, exception_handlers=HANDLERS), responses.create)  # type: ignore[arg-type]
+    app = FastPath(Starlette(routes=routes, exception_handlers=HANDLERS), {**responses.hot_routes(), **passthrough.hot_routes()})
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)

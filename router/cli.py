@@ -82,7 +82,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     import uvicorn
 
     from backends.launcher import LaunchError
-    from router.api.coalesce import CoalescingHttpToolsProtocol
+    from router.api.server import RouterHttpProtocol
     from router.app import build
 
     _Server = _server_class()
@@ -101,7 +101,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
         server = _Server(
             uvicorn.Config(
                 # proxy_headers off: nothing here reads the client's address, and it is one ASGI layer per request
-                router.app, host=host, port=port, http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
+                router.app, host=host, port=port, http=RouterHttpProtocol, lifespan="off", access_log=False,
                 proxy_headers=False,
                 log_level=config.server.log_level, timeout_graceful_shutdown=10,
             )

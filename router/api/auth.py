@@ -21,9 +21,13 @@ class Authenticator:
         self._keys = digests
 
     def owner(self, request: Request) -> str:
+        return self.owner_of(request.scope["headers"])
+
+    def owner_of(self, headers: list[tuple[bytes, bytes]]) -> str:
+        """The owner named by the ``Authorization`` header of raw (ASGI-spelled) headers."""
         if not self._keys:
             return ANONYMOUS
-        header = next((v.decode("latin-1") for k, v in request.scope["headers"] if k == b"authorization"), "")
+        header = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")

@@ -1,42 +1,78 @@
-"""The hot route without the framework's layers: ``POST /v1/responses`` dispatched directly.
+"""The hot routes: handlers of ``(headers, body)``, answered without the framework's layers.
 
-Measured here, Starlette's routing and its two middlewares cost ~100 us per
-request; this route is most of the traffic. Everything else goes through
-the Starlette app unchanged. Errors leave in the same shape either way.
+``POST /v1/responses`` and the chat passthrough are most of the traffic. Their
+handlers take the request's raw headers and its whole body as sent (still
+compressed, at most ``max_body_bytes``) and return a ``Body`` or, for a
+stream, an ASGI app. Two servers drive them:
+
+- the router's HTTP protocol (router/api/server.py) calls them straight from
+  the parser and writes a ``Body`` itself, head and body in one write: no ASGI
+  scope, request object, receive/send messages or response object per request;
+- ``FastPath``, the ASGI app, for any other ASGI server: it reads the body and
+  calls the same handler, so behaviour does not depend on the server.
+
+Measured here, Starlette's routing and middlewares cost ~100 us per request
+and uvicorn's ASGI cycle another ~25 us at c=32 (bench/RESULTS.md). Every
+other route goes through the Starlette app unchanged. Errors leave in the
+same shape either way.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
-from router.api.http import error_response
+from router.api.http import Body, Headers, error_body, read_raw
 from router.protocol.errors import APIError
 
 log = logging.getLogger("router.api")
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+Handler = Callable[[Headers, bytes], Awaitable["Body | ASGIApp"]]
+
+
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """A ``POST`` route answered from ``(headers, body)``."""
+
+    handler: Handler
+    max_body_bytes: int
+
+
+async def answer(route: HotRoute, path: str, headers: Headers, body: bytes) -> Body | ASGIApp:
+    """The handler's answer; an error, expected or not, as a Body in the OpenAI shape."""
+    try:
+        return await route.handler(headers, body)
+    except APIError as exc:
+        return error_body(exc)
+    except Exception:  # noqa: BLE001 - the same answer the app's error handler gives
+        log.exception("unhandled error on POST %s", path)
+        return error_body(APIError("The router hit an internal error.", status=500, type="server_error",
+                                   code="internal_error"))
 
 
 class FastPath:
-    def __init__(self, app: ASGIApp, create: Callable[[Request], Awaitable[Any]]) -> None:
+    """The router's ASGI app: hot routes dispatched directly, the rest to ``app`` (Starlette)."""
+
+    def __init__(self, app: ASGIApp, hot_routes: dict[str, HotRoute]) -> None:
         self.app = app
-        self.create = create
+        self.hot_routes = hot_routes  # by path; POST only
+        # The HTTP protocol looks routes up by the request target's raw bytes.
+        self.hot_by_target = {path.encode("ascii"): route for path, route in hot_routes.items()}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/responses" or scope["method"] != "POST":
+        route = self.hot_routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
         try:
-            response = await self.create(request)
+            body = await read_raw(Request(scope, receive), route.max_body_bytes)
         except APIError as exc:
-            response = error_response(exc)
-        except Exception:  # noqa: BLE001 - the same answer the app's error handler gives
-            log.exception("unhandled error on POST /v1/responses")
-            response = error_response(APIError("The router hit an internal error.", status=500, type="server_error",
-                                               code="internal_error"))
+            response: Body | ASGIApp = error_body(exc)
+        else:
+            response = await answer(route, scope["path"], scope["headers"], body)
         await response(scope, receive, send)

@@ -22,27 +22,41 @@ except ImportError:  # without the package, zstd bodies are answered 415
 M = TypeVar("M", bound=BaseModel)
 
 
-class JSONBody:
-    """A JSON answer as a bare ASGI app: the hot routes' answers skip Starlette's
-    Response (its header handling is ~5 us a request, measured here)."""
+class Body:
+    """A whole answer (JSON, or bytes relayed from a worker) as a bare ASGI app.
 
-    __slots__ = ("body", "status_code", "headers")
+    The hot routes' answers skip Starlette's Response (its header handling is
+    ~5 us a request, measured here); the HTTP protocol (router/api/server.py)
+    writes a Body it gets from a hot route itself, head and body in one write.
+    """
 
-    def __init__(self, content: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
-        self.body = orjson.dumps(content)
+    __slots__ = ("body", "status_code", "content_type", "headers")
+
+    def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json",
+                 headers: dict[str, str] | None = None) -> None:
+        self.body = body
         self.status_code = status
+        self.content_type = content_type
         self.headers = headers
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.body))]
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """Content type, length and the extra headers, as the ASGI spec spells them."""
+        raw = [(b"content-type", self.content_type.encode("latin-1")), (b"content-length", b"%d" % len(self.body))]
         if self.headers:
             raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
-        await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+        return raw
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers()})
         await send({"type": "http.response.body", "body": self.body})
 
 
-def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONBody:
-    return JSONBody(content, status, headers)
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Body:
+    return Body(orjson.dumps(content), status, headers=headers)
+
+
+def error_body(error: APIError) -> Body:
+    return Body(orjson.dumps(error.body()), error.status)
 
 
 def error_response(error: APIError) -> Response:
@@ -50,30 +64,46 @@ def error_response(error: APIError) -> Response:
     return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes.
+Headers = list[tuple[bytes, bytes]]
 
-    A body sent with ``Content-Encoding`` (gzip, deflate, zstd) is decompressed;
-    ``limit`` holds for the compressed and for the decompressed size, and
-    decompression stops as soon as the output passes it (no zip bomb fills memory).
-    """
-    encoding = declared = None
-    for name, value in request.scope["headers"]:  # raw scope headers: no Headers object per request
-        if name == b"content-encoding" and encoding is None:
-            encoding = value.decode("latin-1")
-        elif name == b"content-length" and declared is None:
-            declared = value.decode("latin-1")
-    encodings = content_encodings(encoding)
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, decompressed (see ``decode_request``), refused with 413 as soon as it is known to exceed ``limit``."""
+    return await decode_request(request.scope["headers"], await read_raw(request, limit), limit)
+
+
+async def read_raw(request: Request, limit: int) -> bytes:
+    """The body as sent (still compressed), refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    if declared_length(request.scope["headers"]) > limit:
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def declared_length(headers: Headers) -> int:
+    """The Content-Length header's value; -1 when absent or not a number."""
+    for name, value in headers:  # raw scope headers: no Headers object per request
+        if name == b"content-length":
+            return int(value) if value.isdigit() else -1
+    return -1
+
+
+async def decode_request(headers: Headers, body: bytes, limit: int) -> bytes:
+    """A body sent with ``Content-Encoding`` (gzip, deflate, zstd), decompressed.
+
+    ``limit`` holds for the decompressed size too, and decompression stops as
+    soon as the output passes it (no zip bomb fills memory).
+    """
+    encoding = next((value for name, value in headers if name == b"content-encoding"), None)
+    if encoding is None:
+        return body
+    encodings = content_encodings(encoding.decode("latin-1"))
     if not encodings or not body:
         return body
     if len(body) > _INLINE_DECODE_BYTES:  # large bodies decompress off the event loop
@@ -81,7 +111,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return decode_body(body, encodings, limit)
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
+def too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.", code="request_too_large")
 
 
@@ -127,7 +157,7 @@ def decode_body(body: bytes, encodings: list[str], limit: int) -> bytes:
             for piece in pieces:
                 size += len(piece)
                 if size > limit:
-                    raise _too_large(limit)
+                    raise too_large(limit)
                 parts.append(piece)
         except _DECODE_ERRORS as exc:
             raise _undecodable(name, str(exc)) from None

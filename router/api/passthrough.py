@@ -12,13 +12,13 @@ import os
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.client import WorkerStreamBroken, WorkerUnavailable
 from backends.pools import NoHealthyWorker, Worker
 from router.api.auth import Authenticator
-from router.api.http import read_body
+from router.api.fastpath import HotRoute
+from router.api.http import Body, Headers, decode_request, read_raw
 from router.api.sse import StreamBody
 from router.protocol.errors import InvalidRequest, NoCapacity, NotFound, UpstreamError
 from router.turns.routing import ModelTarget
@@ -36,15 +36,26 @@ class PassthroughAPI:
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
 
-    async def chat(self, request: Request) -> Response:
-        return await self._relay(request, "chat_path")
+    def hot_routes(self) -> dict[str, HotRoute]:
+        return {"/v1/chat/completions": HotRoute(self.chat_from, self.max_body_bytes),
+                "/v1/completions": HotRoute(self.completions_from, self.max_body_bytes)}
 
-    async def completions(self, request: Request) -> Response:
-        return await self._relay(request, "completions_path")
+    async def chat(self, request: Request) -> Body | StreamBody:
+        """The Starlette route; the servers call ``chat_from`` directly (router/api/fastpath.py)."""
+        return await self.chat_from(request.scope["headers"], await read_raw(request, self.max_body_bytes))
 
-    async def _relay(self, request: Request, path_attr: str) -> Response | StreamBody:
-        self.auth.owner(request)
-        body = _json_object(await read_body(request, self.max_body_bytes))
+    async def completions(self, request: Request) -> Body | StreamBody:
+        return await self.completions_from(request.scope["headers"], await read_raw(request, self.max_body_bytes))
+
+    async def chat_from(self, headers: Headers, raw: bytes) -> Body | StreamBody:
+        return await self._relay(headers, raw, "chat_path")
+
+    async def completions_from(self, headers: Headers, raw: bytes) -> Body | StreamBody:
+        return await self._relay(headers, raw, "completions_path")
+
+    async def _relay(self, headers: Headers, raw: bytes, path_attr: str) -> Body | StreamBody:
+        self.auth.owner_of(headers)
+        body = _json_object(await decode_request(headers, raw, self.max_body_bytes))
         target = self.models.get(body.get("model"))  # type: ignore[arg-type]
         if target is None:
             raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
@@ -77,7 +88,7 @@ class PassthroughAPI:
             finally:
                 worker.in_flight -= 1
                 worker.served += 1
-            return Response(raw, status_code=answer.status, media_type=answer.content_type)
+            return Body(raw, answer.status, answer.content_type)
         return StreamBody(_counted(answer.chunks(), worker), status=answer.status, media_type=answer.content_type)
 
 

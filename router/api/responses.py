@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from router.api.auth import Authenticator
-from router.api.http import int_param, json_response, list_page, order_param, parse_model, read_body
+from router.api.fastpath import HotRoute
+from router.api.http import (Body, Headers, decode_request, int_param, json_response, list_page, order_param,
+                             parse_model, read_raw)
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.requests import CreateResponse
@@ -47,9 +48,16 @@ class ResponsesAPI:
             Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
         ]
 
-    async def create(self, request: Request) -> Response | StreamBody:
-        owner = self.auth.owner(request)
-        req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
+    def hot_routes(self) -> dict[str, HotRoute]:
+        return {"/v1/responses": HotRoute(self.create_from, self.max_body_bytes)}
+
+    async def create(self, request: Request) -> Body | StreamBody:
+        """The Starlette route; the servers call ``create_from`` directly (router/api/fastpath.py)."""
+        return await self.create_from(request.scope["headers"], await read_raw(request, self.max_body_bytes))
+
+    async def create_from(self, headers: Headers, raw: bytes) -> Body | StreamBody:
+        owner = self.auth.owner_of(headers)
+        req = parse_model(CreateResponse, await decode_request(headers, raw, self.max_body_bytes))
         run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools,
                             metrics=self.metrics, sealer=self.sealer)
         maybe_mirror(self.models[req.model], run)
@@ -64,7 +72,7 @@ class ResponsesAPI:
         await run.open_stream()
         return event_stream(run.events(), run.served_by, attach=run.attach_writer)
 
-    async def retrieve(self, request: Request) -> Response | StreamBody:
+    async def retrieve(self, request: Request) -> Body | StreamBody:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         body = await self._get(rid, owner)
@@ -77,20 +85,20 @@ class ResponsesAPI:
         after = int_param(query.get("starting_after", "-1"), "starting_after", -1, 2**62)
         return event_stream(self.background.replay(rid, owner, after))
 
-    async def cancel(self, request: Request) -> Response:
+    async def cancel(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         await self.background.cancel(await self._get(rid, owner), owner)
         return json_response(await self._get(rid, owner))
 
-    async def delete(self, request: Request) -> Response:
+    async def delete(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         if not await self.store.delete_response(rid, owner):
             raise _not_found(rid)
         return json_response({"id": rid, "object": "response.deleted", "deleted": True})
 
-    async def input_items(self, request: Request) -> Response:
+    async def input_items(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         query = request.query_params

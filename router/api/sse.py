@@ -73,7 +73,7 @@ class StreamBody:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         watcher = asyncio.get_running_loop().create_task(watch())
         encode, source = self.encode, self.source
-        write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/coalesce.py
+        write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/server.py
         if write is not None and self.attach is not None:
             self.attach(write if encode is None else lambda item: write(encode(item)))
         try:
