@@ -109,6 +109,11 @@ MIGRATIONS: list[list[str]] = [
             body BLOB NOT NULL
         )""",
     ],
+    [
+        # The primary key (response_id, kind, position) finds a response's items already; this
+        # index only made every put write one more page (measured: ~10% of a put's CPU).
+        "DROP INDEX IF EXISTS items_by_item_id",
+    ],
 ]
 
 # How many expired responses one purge transaction deletes: the write lock is
