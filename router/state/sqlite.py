@@ -116,6 +116,9 @@ MIGRATIONS: list[list[str]] = [
     ],
 ]
 
+# Inline puts between checkpoints: ~8 WAL pages each, so ~1,000 pages (SQLite's own default) between them.
+INLINE_CHECKPOINT_PUTS = 128
+
 # How many expired responses one purge transaction deletes: the write lock is
 # released between batches so requests are not held up by a big purge.
 PURGE_BATCH = 1000
@@ -186,6 +189,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         self._writing = False
         self._inline: sqlite3.Connection | None = None  # puts on the loop while the router is quiet
         self._inline_puts = 0
+        self._checkpointing = False  # a checkpoint of the inline puts' WAL frames runs on the thread
         # Set by the app: True when no other request is being served. Only then is a put
         # committed on the loop; under load, grouped commits on the thread cost far less.
         self.quiet: Callable[[], bool] | None = None
@@ -295,7 +299,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         failing put leaves the others intact (see ``_put_many_sync``).
         """
         if (self._inline is not None and self.quiet is not None and not self._writing and not self._pending
-                and self.quiet() and self._put_inline(response)):
+                and not self._checkpointing and self.quiet() and self._put_inline(response)):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((response, future))
@@ -314,15 +318,26 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                 return False
             raise
         self._inline_puts += 1
-        if self._inline_puts % 512 == 0:  # the WAL is folded back on the store's thread
+        if self._inline_puts % INLINE_CHECKPOINT_PUTS == 0:  # the WAL is folded back on the store's thread
+            self._checkpointing = True
             asyncio.get_running_loop().create_task(self._checkpoint())
         return True
 
     async def _checkpoint(self) -> None:
+        """Copy the WAL's frames into the file, with no inline put meanwhile.
+
+        SQLite starts the WAL over (and so reuses its pages) only when a writer
+        finds every frame copied. Puts that go on writing inline while the
+        checkpoint runs keep it from ever being complete: measured, the WAL
+        then grows by ~34 MB per 1,000 puts for as long as traffic lasts. Puts
+        queued behind the checkpoint on the store's thread start it over.
+        """
         try:
             await self._run(lambda conn: conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
         except (sqlite3.Error, RuntimeError):
             pass  # the next one will do it; closing stores end here
+        finally:
+            self._checkpointing = False
 
     async def _drain(self) -> None:
         try:
