@@ -25,7 +25,7 @@ class FakeTransport:
     def abort(self) -> None:
         self.aborted = True
 
-    def get_extra_info(self, name: str) -> str:
+    def get_extra_info(self, name: str, default: object = None) -> str:
         return f"info:{name}"
 
 
@@ -63,3 +63,9 @@ def test_close_sends_a_held_head_and_abort_drops_it() -> None:
         assert other.writes == [] and other.aborted
 
     asyncio.run(main())
+
+
+def test_every_transport_method_is_there() -> None:
+    """uvicorn and the WebSocket upgrade use the asyncio.Transport interface; all of it is delegated."""
+    public = {n for n in dir(asyncio.Transport) if not n.startswith("_")}
+    assert public <= set(dir(HeadHoldingTransport))

@@ -43,7 +43,7 @@ class HeadHoldingTransport:
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
 
-    def get_write_buffer_size(self) -> int:  # per streamed token: not through __getattr__
+    def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size()
 
     def write_chunk(self, frame: bytes) -> None:
@@ -53,6 +53,13 @@ class HeadHoldingTransport:
         else:
             self.write(frame)
 
+    def writelines(self, chunks: Any) -> None:
+        self.write(b"".join(chunks))
+
+    def write_eof(self) -> None:
+        self._release()
+        self._transport.write_eof()
+
     def close(self) -> None:
         self._release()
         self._transport.close()
@@ -61,5 +68,36 @@ class HeadHoldingTransport:
         self._held = None
         self._transport.abort()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+    # The rest of asyncio.Transport, delegated one by one: a class with __getattr__ sends
+    # every attribute read through a slower hook, and each delegated name through a
+    # formatted AttributeError first (measured: ~4% of a create's instructions).
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def get_protocol(self) -> Any:
+        return self._transport.get_protocol()
+
+    def set_protocol(self, protocol: Any) -> None:
+        self._transport.set_protocol(protocol)
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
