@@ -20,26 +20,26 @@ _HEAD = b"HTTP/1."
 class HeadHoldingTransport:
     """Forwards everything to the socket's transport; only a response head waits."""
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_loop", "held")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._held: bytes | None = None
+        self.held: bytes | None = None  # a response head waiting for its body
 
     def write(self, data: bytes) -> None:
-        held = self._held
+        held = self.held
         if held is not None:
-            self._held = None
+            self.held = None
             self._transport.write(held + data)
         elif data.startswith(_HEAD):
-            self._held = data
+            self.held = data
             self._loop.call_soon(self._release)
         else:
             self._transport.write(data)
 
     def _release(self) -> None:
-        held, self._held = self._held, None
+        held, self.held = self.held, None
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
 
@@ -48,7 +48,7 @@ class HeadHoldingTransport:
 
     def write_chunk(self, frame: bytes) -> None:
         """Bytes that must not wait (a stream chunk, a whole answer): straight to the socket unless a head is held."""
-        if self._held is None:
+        if self.held is None:
             self._transport.write(frame)
         else:
             self.write(frame)
@@ -65,7 +65,7 @@ class HeadHoldingTransport:
         self._transport.close()
 
     def abort(self) -> None:
-        self._held = None
+        self.held = None
         self._transport.abort()
 
     # The rest of asyncio.Transport, delegated one by one: a class with __getattr__ sends

@@ -47,6 +47,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         self.hot: dict[bytes, HotRoute] = getattr(self.app, "hot_by_target", None) or {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.raw = transport  # the socket's own transport, for stream chunks
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def on_message_begin(self) -> None:
@@ -109,13 +110,26 @@ class RouterHttpProtocol(HttpToolsProtocol):
             self.pipeline.appendleft((cycle, self.app))
 
     def write_chunk(self, data: bytes) -> bool:
-        """Write one non-empty chunk of the current streamed response now; False: use ``send``."""
+        """Write one non-empty chunk of the current streamed response now; False: use ``send``.
+
+        Once per streamed token, so the checks are the fewest that say "streaming,
+        client there, socket keeping up" (``chunked_encoding`` is set only once the
+        head went out), and the frame goes to the socket's own transport unless a
+        head is still held.
+        """
         cycle = self.cycle
-        if (cycle is None or not data or not cycle.response_started or cycle.response_complete or cycle.disconnected
-                or not cycle.chunked_encoding or cycle.flow.write_paused
-                or self.transport.get_write_buffer_size() > _HIGH_WATER):
+        if (cycle is None or not cycle.chunked_encoding or cycle.response_complete or cycle.disconnected
+                or cycle.flow.write_paused or not data):
             return False
-        self.transport.write_chunk(b"%x\r\n%s\r\n" % (len(data), data))  # type: ignore[attr-defined]
+        raw = self.raw
+        if raw.get_write_buffer_size() > _HIGH_WATER:
+            return False
+        frame = b"%x\r\n%s\r\n" % (len(data), data)
+        holder = self.transport
+        if holder.held is None:  # type: ignore[attr-defined]
+            raw.write(frame)
+        else:
+            holder.write(frame)
         return True
 
 
