@@ -205,12 +205,23 @@ def test_a_declared_body_over_the_limit_is_refused_and_the_connection_goes_on(se
     with served.connect() as sock:
         reader = Reader(sock)
         sock.sendall(_post(big))
-        status, _, body = reader.answer()
+        status, headers, body = reader.answer()
         assert status == 413 and _json(body)["error"]["code"] == "request_too_large"
-        assert _json(body)["error"]["type"] == "invalid_request_error"
+        assert _json(body)["error"]["type"] == "invalid_request_error" and "connection" not in headers
         sock.sendall(_post(b'{"after": 1}'))  # the big body was read and dropped
         status, _, body = reader.answer()
         assert status == 200 and _json(body)["got"] == {"after": 1}
+
+
+def test_a_client_waiting_for_100_continue_with_too_large_a_body_is_refused_and_closed(served: Served) -> None:
+    """It may never send the body the server would have to read past: no 100, a 413, and a close."""
+    with served.connect() as sock:
+        reader = Reader(sock)
+        sock.sendall(f"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {LIMIT + 1}\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())
+        status, headers, body = reader.answer()
+        assert status == 413 and headers["connection"] == "close"
+        assert _json(body)["error"]["code"] == "request_too_large" and reader.closed()
 
 
 def test_a_chunked_body_over_the_limit_is_refused(served: Served) -> None:

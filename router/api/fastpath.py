@@ -55,6 +55,19 @@ async def answer(route: HotRoute, path: str, headers: Headers, body: bytes) -> B
                                    code="internal_error"))
 
 
+def refused_body(error: APIError, headers: Headers) -> Body:
+    """An answer given before the body was read to its end (it is too large).
+
+    The rest of the body is read and dropped, and the connection goes on, as
+    uvicorn does, except for a client waiting for ``100 Continue``: it may never
+    send the body the server now expects, so that connection closes after the
+    answer (RFC 9110 10.1.1).
+    """
+    if any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers):
+        return Body(error_body(error).body, error.status, headers={"connection": "close"})
+    return error_body(error)
+
+
 class FastPath:
     """The router's ASGI app: hot routes dispatched directly, the rest to ``app`` (Starlette)."""
 
@@ -72,7 +85,7 @@ class FastPath:
         try:
             body = await read_raw(Request(scope, receive), route.max_body_bytes)
         except APIError as exc:
-            response: Body | ASGIApp = error_body(exc)
+            response: Body | ASGIApp = refused_body(exc, scope["headers"])
         else:
             response = await answer(route, scope["path"], scope["headers"], body)
         await response(scope, receive, send)

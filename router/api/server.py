@@ -29,7 +29,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from router.api.coalesce import HeadHoldingTransport
-from router.api.fastpath import HotRoute, answer
+from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import APIError
 
@@ -154,7 +154,7 @@ class HotCycle(RequestResponseCycle):
         """The handler's answer: a Body written here, a stream run through uvicorn's cycle."""
         try:
             if self.too_large:
-                response: Any = error_body(too_large(self.route.max_body_bytes))
+                response: Any = refused_body(too_large(self.route.max_body_bytes), self.scope["headers"])
             else:
                 body, self.body = bytes(self.body), bytearray()
                 response = await answer(self.route, self.scope["path"], self.scope["headers"], body)
@@ -187,6 +187,9 @@ class HotCycle(RequestResponseCycle):
         for key, value in (response.headers or {}).items():
             if "\r" in value or "\n" in value:  # never split a head on a value from config
                 raise ValueError(f"header {key!r} has a line break")
+            if key.lower() == "connection":
+                self.keep_alive = self.keep_alive and value.lower() != "close"
+                continue
             parts += (key.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
