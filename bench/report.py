@@ -20,6 +20,12 @@ T_STREAM_CPU_US = 28.0
 T_STREAM_KB = 200.0
 T_CHAIN_MS = 20.0
 
+# The CPU targets are read under load (c=32, 64 streams): the issue calibrates them on a
+# minimal proxy at c=32, and one request or stream at a time every read wakes an idle
+# process (the sim alone costs ~1.7x per request at c=1 what it costs at c=32, and a byte
+# relay alone misses 28 us per token at x1). The c=1 and x1 CPU figures are printed beside.
+UNDER_LOAD = "(target read under load)"
+
 
 @dataclass
 class Row:
@@ -66,10 +72,11 @@ def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], route
         threads = r["procs"]["router"].get("threads_cpu_s", {})
         main = sum(v for t, v in threads.items() if t.startswith("main/"))
         split = f"; loop thread {_us(main, r['requests']):.0f}, others {_us(sum(threads.values()) - main, r['requests']):.0f}"
+        loaded = c > 1
         rows.append(Row(item if c == 1 else "6", f"{label} c={c} router CPU us/request",
                         f"sim alone: {_us(sim_cpu, d['requests']):.0f}",
                         f"{us:.0f} (schedstat {_us(sched, r['requests']):.0f}{split if threads else ''})", "",
-                        f"<= {cpu_target:.0f} us", _verdict(us, cpu_target)))
+                        f"<= {cpu_target:.0f} us" if loaded else UNDER_LOAD, _verdict(us, cpu_target) if loaded else ""))
     return rows
 
 
@@ -107,10 +114,12 @@ def _stream_rows(res: dict[str, Any]) -> list[Row]:
         sim_cpu, _ = _cpu(r, "sim")
         us = _us(cpu, r["tokens"])
         done = f"{r['complete']}/{r['streams']} complete"
+        loaded = streams > 1
         rows.append(Row("3", f"stream x{streams} ({r['itl_ms']} ms/token) router CPU us/token",
                         f"sim: {_us(sim_cpu, r['tokens']):.1f}",
                         f"{us:.1f} (schedstat {_us(sched, r['tokens']):.1f}); {done}", "",
-                        f"<= {T_STREAM_CPU_US:.0f} us", _verdict(us, T_STREAM_CPU_US)))
+                        f"<= {T_STREAM_CPU_US:.0f} us" if loaded else UNDER_LOAD,
+                        _verdict(us, T_STREAM_CPU_US) if loaded else ""))
         f = floor.get(streams)
         if f is not None:
             _, f_sched = _cpu(f, "router")
