@@ -84,6 +84,17 @@ class Assembler:
                 self._turn_usage = delta  # type: ignore[assignment]
         return events
 
+    def text(self, text: str) -> list[Event] | None:
+        """``feed([TextDelta(text)])`` for non-empty ``text`` when an answer message's output_text
+        part is open (every streamed token but the first), else None: then ``feed`` it.
+        Skips the delta object, the dispatch and the part check (the runner's per-token fast path)."""
+        item = self._open
+        if type(item) is not MessageItem or item.phase is not None or item.part != "output_text":
+            return None
+        seq = self._seq
+        self._seq = seq + 1
+        return [item.plain_text(text, seq)]
+
     def close_turn(self) -> list[Event]:
         """End one model turn: close every open item; returns the closing events."""
         events: list[Event] = []

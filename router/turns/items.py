@@ -64,18 +64,18 @@ class MessageItem(OpenItem):
             item["phase"] = phase
         super().__init__(sink, index, item)
         self.phase = phase
-        self._kind: str | None = None  # the open part's type
+        self.part: str | None = None  # the open part's type, None between parts
         self._chunks: list[str] = []
 
     def ensure_part(self, events: list[Event], kind: str = "output_text") -> None:
-        if self._kind == kind:
+        if self.part == kind:
             return
         self._close_part(events)
         part: dict[str, Any] = (
             {"type": "output_text", "text": "", "annotations": [], "logprobs": []} if kind == "output_text" else {"type": "refusal", "refusal": ""}
         )
         self.item["content"].append(part)
-        self._kind = kind
+        self.part = kind
         events.append(self.sink.event({"type": "response.content_part.added", **self._base(self._part_index), "part": dict(part)}))
 
     @property
@@ -92,18 +92,27 @@ class MessageItem(OpenItem):
                                        "output_index": self.index, "content_index": len(self.item["content"]) - 1,
                                        "delta": text, "logprobs": logprobs or []}))
 
+    def plain_text(self, text: str, seq: int) -> Event:
+        """``add_text(text, None, ...)``'s one event, numbered ``seq``, when the output_text part
+        is open (the caller checked ``part``): the streamed token's fast path, without the part
+        check, the merges and a call back for the sequence number."""
+        self._chunks.append(text)
+        item = self.item
+        return {"type": "response.output_text.delta", "item_id": item["id"], "output_index": self.index,
+                "content_index": len(item["content"]) - 1, "delta": text, "logprobs": [], "sequence_number": seq}
+
     def add_refusal(self, text: str, events: list[Event]) -> None:
         self.ensure_part(events, "refusal")
         self._chunks.append(text)
         events.append(self.sink.event({"type": "response.refusal.delta", **self._base(self._part_index), "delta": text}))
 
     def _close_part(self, events: list[Event]) -> None:
-        if self._kind is None:
+        if self.part is None:
             return
         part = self.item["content"][-1]
         text = "".join(self._chunks)
         base = self._base(self._part_index)
-        if self._kind == "output_text":
+        if self.part == "output_text":
             part["text"] = text
             for annotation in _citations(text, self.sink.sources):
                 part["annotations"].append(annotation)
@@ -114,7 +123,7 @@ class MessageItem(OpenItem):
             part["refusal"] = text
             events.append(self.sink.event({"type": "response.refusal.done", **base, "refusal": text}))
         events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
-        self._kind = None
+        self.part = None
         self._chunks = []
 
     def close(self, events: list[Event], status: str) -> None:
@@ -124,8 +133,8 @@ class MessageItem(OpenItem):
         self._done(events, status)
 
     def abandon(self) -> None:
-        if self._kind is not None:
-            self.item["content"][-1]["text" if self._kind == "output_text" else "refusal"] = "".join(self._chunks)
+        if self.part is not None:
+            self.item["content"][-1]["text" if self.part == "output_text" else "refusal"] = "".join(self._chunks)
         super().abandon()
 
 

@@ -223,14 +223,9 @@ class ResponseRun:
         """
         stream = self._stream
         assert stream is not None
-        asm, decode = self._assembler, self._turn.chunk
-        timer, direct = self._timer, self.direct
-
-        def translate(batch: list[Any]) -> list[Event]:
-            events = asm.feed(decode(batch[0]) if len(batch) == 1 else [d for frame in batch for d in decode(frame)])
-            if events and timer is not None:
-                timer.token(len(batch))
-            return events
+        asm = self._assembler
+        translate = translator(asm, self._turn, self._timer)
+        direct = self.direct
 
         if direct is None:
             async for batch in stream.batches():
@@ -372,3 +367,32 @@ class ResponseRun:
     async def persist(self) -> None:
         await self._persist()
 
+
+def translator(asm: Assembler, turn: DialectTurn, timer: Any) -> Callable[[list[Any]], list[Event]]:
+    """One upstream read's decoded frames -> its events, counted as output tokens: the step
+    the pull and push readers of a turn share.
+
+    A read of one plain text chunk (nearly every read of a stream) takes a fast path: the
+    dialect's ``text_only`` and the assembler's ``text`` instead of deltas and ``feed``'s
+    dispatch. It gives the same events and state as the general way
+    (tests/test_fast_path.py). Measured: ~11.5k fewer instructions per streamed token, of
+    ~52k from the worker's read to the client's write.
+    """
+    decode = turn.chunk
+    text_only = getattr(turn, "text_only", None)  # chat pools: a plain text chunk's text, or None
+
+    def translate(batch: list[Any]) -> list[Event]:
+        events = None
+        if len(batch) == 1:
+            text = text_only(batch[0]) if text_only is not None else None
+            if text is not None:
+                events = asm.text(text)
+            if events is None:
+                events = asm.feed(decode(batch[0]))
+        else:
+            events = asm.feed([d for frame in batch for d in decode(frame)])
+        if events and timer is not None:
+            timer.token(len(batch))
+        return events
+
+    return translate

@@ -1,0 +1,261 @@
+"""The per-token fast paths against the general ones they skip, on random streams.
+
+The runner reads a plain text chunk without deltas (``text_only`` -> ``Assembler.text``)
+and ``SSEStream`` decodes a read of one whole frame without splitting it. Both must be
+invisible: the same events, byte for byte, the same final response, the same errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import orjson
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from backends.client import SSEStream
+from router.dialects.chat import ChatOptions, ChatTurn
+from router.dialects.deltas import Delta, TextDelta
+from router.protocol.requests import CreateResponse
+from router.protocol.shapes import response_object
+from router.protocol.tools import build_toolset
+from router.turns.assembler import Assembler
+from router.turns.runner import translator
+from tests.test_assembler import deltas as assembler_deltas
+from tests.test_assembler import fix_call_fragments
+
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}, {"type": "custom", "name": "run_sql"}]
+
+# -- random chat chunks: mostly plain text (the fast path), every other shape mixed in
+
+text = st.text(max_size=4)
+nonempty = st.one_of(text.filter(bool), text.filter(bool), text)
+maybe_text = st.one_of(st.none(), text)
+logprobs = st.one_of(
+    st.none(), st.just({}), st.just({"content": None}),
+    text.map(lambda t: {"content": [{"token": t, "logprob": -0.5, "bytes": None, "top_logprobs": []}]}),
+)
+tool_fragment = st.fixed_dictionaries({"index": st.integers(0, 2)}, optional={
+    "id": st.just("engine-id"), "type": st.just("function"),
+    "function": st.fixed_dictionaries({}, optional={"name": st.sampled_from(["get_weather", "run_sql", "other"]),
+                                                    "arguments": text}),
+})
+delta = st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from(["assistant", None]),
+    "content": st.one_of(text.filter(bool), maybe_text, st.integers(0, 1)),
+    "reasoning_content": maybe_text,
+    "reasoning": maybe_text,
+    "refusal": maybe_text,
+    "tool_calls": st.one_of(st.none(), st.lists(tool_fragment, max_size=2)),
+})
+finish_reason = st.sampled_from(["stop", "length", "tool_calls", "content_filter", "", "odd", "abort"])
+choice = st.fixed_dictionaries({"index": st.just(0)}, optional={
+    "delta": st.one_of(delta, st.none()),
+    "logprobs": logprobs,
+    "finish_reason": st.one_of(st.none(), finish_reason),
+    "matched_stop": st.none(),
+})
+usage = st.fixed_dictionaries({"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9)})
+HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+any_chunk = st.builds(lambda choices, extra: {**HEAD, "choices": choices, **extra},
+                      st.one_of(st.lists(choice, min_size=1, max_size=1), st.lists(choice, max_size=2)),
+                      st.fixed_dictionaries({}, optional={"usage": st.one_of(st.none(), usage)}))
+plain_chunk = st.one_of(text.filter(bool), text).map(lambda t: {**HEAD, "choices": [{"index": 0, "delta": {"content": t}, "logprobs": None,
+                                                        "finish_reason": None}]})
+
+
+def nudged(content: str, where: str, key: str, value: Any) -> dict[str, Any]:
+    """A plain text chunk with one thing more: the shapes right at the fast path's edge."""
+    chunk = {**HEAD, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}]}
+    {"chunk": chunk, "choice": chunk["choices"][0], "delta": chunk["choices"][0]["delta"]}[where][key] = value
+    return chunk
+
+
+edge_chunk = st.one_of(
+    st.builds(nudged, nonempty, st.just("choice"), st.just("finish_reason"), finish_reason),
+    st.builds(nudged, nonempty, st.just("choice"), st.just("logprobs"), logprobs),
+    st.builds(nudged, nonempty, st.just("chunk"), st.just("usage"), usage),
+    st.builds(nudged, nonempty, st.just("chunk"), st.just("choices"), st.lists(choice, max_size=2)),
+    *(st.builds(nudged, nonempty, st.just("delta"), st.just(key), st.one_of(nonempty, st.none()))
+      for key in ("role", "reasoning_content", "reasoning", "refusal")),
+    st.builds(nudged, nonempty, st.just("delta"), st.just("tool_calls"), st.one_of(st.none(), st.lists(tool_fragment, max_size=2))),
+)
+junk = st.sampled_from([[], "x", 5, {"choices": "a"}, {"choices": [5]}, {"choices": [{"delta": "a"}]}])
+chunk = st.one_of(*[plain_chunk] * 3, *[edge_chunk] * 4, *[any_chunk] * 2, junk)  # weights: one_of picks evenly
+batches = st.lists(st.lists(chunk, min_size=1, max_size=3), min_size=2, max_size=12)
+
+
+@contextmanager
+def counted_ids() -> Iterator[None]:
+    """Ids from a counter, so that two runs of one stream make the same ones."""
+    counter = itertools.count()
+
+    def new_id(prefix: str) -> str:
+        return f"{prefix}_{next(counter)}"
+
+    with (mock.patch("router.turns.items.new_id", new_id), mock.patch("router.dialects.chat.new_id", new_id),
+          mock.patch("router.turns.assembler.new_id", new_id)):
+        yield
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def token(self, n: int = 1) -> None:
+        self.calls.append(n)
+
+
+def outcome(step: Any) -> tuple[str, Any]:
+    """What a step gave, or the error it raised (both paths must fail alike)."""
+    try:
+        return "ok", step()
+    except Exception as exc:  # noqa: BLE001 - compared, not handled
+        return type(exc).__name__, str(exc)
+
+
+def play(stream: list[list[Any]], think_tags: bool, fast: bool) -> list[Any]:
+    """Every batch's events (as sent: JSON bytes), then the turn's end and the response's."""
+    req = CreateResponse(model="m", input="hi", tools=TOOLS)
+    tools = build_toolset(TOOLS, "auto")
+    out: list[Any] = []
+    with counted_ids():
+        asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
+        turn = ChatTurn(req, tools, ChatOptions(think_tags=think_tags), model="m", path="/v1/chat/completions")
+        timer = Timer()
+        if fast:
+            translate = translator(asm, turn, timer)
+        else:  # the general way: every frame through deltas and feed
+            def translate(batch: list[Any]) -> list[Any]:
+                events = asm.feed([d for frame in batch for d in turn.chunk(frame)])
+                if events:
+                    timer.token(len(batch))
+                return events
+        out.append(asm.start())
+        for batch in stream:
+            result = outcome(lambda: translate(batch))
+            out.append(result)
+            if result[0] != "ok":
+                return out  # the runner ends the stream here
+        out.append(outcome(lambda: asm.feed(turn.end()) + asm.close_turn() + asm.finish()))
+    response = dict(asm.response)
+    response.pop("completed_at", None)
+    out.append(response)
+    out.append(timer.calls)
+    for i, step in enumerate(out):  # events as bytes: key order and types count too
+        if isinstance(step, tuple) and step[0] == "ok":
+            for event in step[1]:
+                event.get("response", {}).pop("completed_at", None)
+            out[i] = ("ok", orjson.dumps(step[1]))
+    return out
+
+
+def plain(content: Any, **choice: Any) -> dict[str, Any]:
+    return {**HEAD, "choices": [{"index": 0, "delta": {"content": content}, **choice}]}
+
+
+OPEN = [plain("a")]  # the message and its output_text part are open after this read
+
+
+@settings(max_examples=500, deadline=None)
+@given(batches, st.booleans())
+@example([OPEN, [plain("b", finish_reason="length")]], False)
+@example([OPEN, [plain("b", finish_reason="abort")]], False)
+@example([OPEN, [plain("b", logprobs={"content": [{"token": "b", "logprob": -1.0}]})]], False)
+@example([OPEN, [{**plain("b"), "usage": {"prompt_tokens": 1, "completion_tokens": 2}}]], False)
+@example([OPEN, [{**HEAD, "choices": [{"index": 0, "delta": {"content": "b", "reasoning_content": "r"}}]}]], False)
+@example([OPEN, [{**HEAD, "choices": [{"index": 0, "delta": {"content": "b", "reasoning": "r"}}]}]], False)
+@example([OPEN, [{**HEAD, "choices": [{"index": 0, "delta": {"content": "b", "refusal": "no"}}]}]], False)
+@example([OPEN, [{**HEAD, "choices": [{"index": 0, "delta": {"content": "b", "tool_calls": [
+    {"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}}]}]], False)
+@example([OPEN, [{**HEAD, "choices": [plain("b")["choices"][0], plain("c")["choices"][0]]}]], False)
+@example([OPEN, [plain(7)], [plain("")]], False)
+@example([OPEN, [plain("<think>b")], [plain("c</think>d")]], True)
+def test_plain_text_fast_path_gives_what_deltas_give(stream: list[list[Any]], think_tags: bool) -> None:
+    assert play(stream, think_tags, fast=True) == play(stream, think_tags, fast=False)
+
+
+@settings(max_examples=500, deadline=None)
+@given(edge_chunk, st.lists(plain_chunk, max_size=2))
+def test_chunks_at_the_edge_of_the_fast_path_after_open_text(edge: Any, more: list[Any]) -> None:
+    """Plain text with one thing more, read alone while the answer's text part is open."""
+    stream = [OPEN, [edge], *([chunk] for chunk in more)]
+    assert play(stream, False, fast=True) == play(stream, False, fast=False)
+
+
+def test_the_fast_path_is_taken_for_plain_text() -> None:
+    req = CreateResponse(model="m", input="hi")
+    tools = build_toolset([], "auto")
+    asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
+    turn = ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
+    translate = translator(asm, turn, None)
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}, "logprobs": None,
+                                  "finish_reason": None}]}
+    translate([first])  # opens the message and its part: the general way
+    plain = {**HEAD, "choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": None, "finish_reason": None}]}
+    with mock.patch.object(turn, "chunk", side_effect=AssertionError("decoded the general way")):
+        events = translate([plain])
+    assert [e["type"] for e in events] == ["response.output_text.delta"]
+    assert events[0]["delta"] == "b"
+
+
+# -- the assembler's text fast path from any state the deltas can leave it in
+
+def assemble(stream: list[list[Delta]], fast: bool) -> list[Any]:
+    out: list[Any] = []
+    with counted_ids():
+        asm = Assembler(response_object(CreateResponse(model="m", input="hi", tools=TOOLS), response_id="resp_1",
+                                        created_at=1), tools=build_toolset(TOOLS, "auto"))
+        for batch in stream:
+            one = batch[0] if len(batch) == 1 else None
+            plain = type(one) is TextDelta and one.text and one.logprobs is None and one.phase is None
+            events = asm.text(one.text) if fast and plain else None  # type: ignore[union-attr]
+            out.append(orjson.dumps(asm.feed(batch) if events is None else events))
+        out.append(orjson.dumps(asm.finish()))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.lists(assembler_deltas, max_size=3), text.map(lambda t: [TextDelta(t)])), max_size=12))
+def test_assembler_text_is_feed_of_one_text_delta(stream: list[list[Delta]]) -> None:
+    stream = fix_call_fragments(stream)
+    assert assemble(stream, fast=True) == assemble(stream, fast=False)
+
+
+# -- SSE reads: one whole frame (the fast decode) against the same bytes split in two (the general one)
+
+payload = st.one_of(
+    any_chunk.map(orjson.dumps), plain_chunk.map(orjson.dumps),
+    st.sampled_from([b"[DONE]", b'{"error": {"message": "boom"}}', b'{"error": "x", "choices": []}', b"{bad}",
+                     b'{"a":\n1}', b"{}", b"[1]", b'{"a": 1}\r', b"{\xff}"]),
+)
+frame = st.one_of(
+    payload.map(lambda p: b"data: " + p + b"\n\n"),
+    payload.map(lambda p: b"data:" + p + b"\r\n\r\n"),
+    st.just(b": keep-alive\n\n"), st.just(b"event: x\ndata: {}\n\n"),
+)
+reads = st.lists(frame, min_size=1, max_size=3).map(b"".join)
+
+
+def frames(pieces: list[bytes]) -> list[Any]:
+    stream = SSEStream(SimpleNamespace(gen=0))  # type: ignore[arg-type]
+    out: list[Any] = []
+    for piece in pieces:
+        result = outcome(lambda: stream._frames(piece))
+        if result[0] != "ok":
+            out.append(result)
+            break
+        out += result[1]
+    error = stream._error
+    return [out, stream._done, None if error is None else error.message]
+
+
+@settings(max_examples=400, deadline=None)
+@given(reads)
+def test_one_frame_read_decodes_as_a_split_one(data: bytes) -> None:
+    assert frames([data]) == frames([data[:1], data[1:]])
