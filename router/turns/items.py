@@ -76,6 +76,10 @@ class MessageItem(OpenItem):
         )
         self.item["content"].append(part)
         self.part = kind
+        if kind == "output_text":  # the token event of this part, copied per token (~800 instructions less than a literal)
+            self._text_delta = {"type": "response.output_text.delta", "item_id": self.item["id"], "output_index": self.index,
+                                "content_index": len(self.item["content"]) - 1, "delta": "", "logprobs": [],
+                                "sequence_number": 0}
         events.append(self.sink.event({"type": "response.content_part.added", **self._base(self._part_index), "part": dict(part)}))
 
     @property
@@ -97,9 +101,11 @@ class MessageItem(OpenItem):
         is open (the caller checked ``part``): the streamed token's fast path, without the part
         check, the merges and a call back for the sequence number."""
         self._chunks.append(text)
-        item = self.item
-        return {"type": "response.output_text.delta", "item_id": item["id"], "output_index": self.index,
-                "content_index": len(item["content"]) - 1, "delta": text, "logprobs": [], "sequence_number": seq}
+        event = self._text_delta.copy()
+        event["delta"] = text
+        event["logprobs"] = []
+        event["sequence_number"] = seq
+        return event
 
     def add_refusal(self, text: str, events: list[Event]) -> None:
         self.ensure_part(events, "refusal")

@@ -378,7 +378,8 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list
 
     def on_batch(batch: list[Any]) -> bool:
         events = None
-        if len(batch) == 1:
+        n = len(batch)
+        if n == 1:
             text = text_only(batch[0]) if text_only is not None else None
             if text is not None:
                 events = asm.text(text)
@@ -388,7 +389,7 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list
             events = asm.feed([d for frame in batch for d in decode(frame)])
         if events:
             if timer is not None:
-                timer.token(len(batch))
+                timer.token(n)
             if held or direct is None or not direct(events):
                 held.append(events)
                 return False
