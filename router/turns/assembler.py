@@ -87,13 +87,20 @@ class Assembler:
     def text(self, text: str) -> list[Event] | None:
         """``feed([TextDelta(text)])`` for non-empty ``text`` when an answer message's output_text
         part is open (every streamed token but the first), else None: then ``feed`` it.
-        Skips the delta object, the dispatch and the part check (the runner's per-token fast path)."""
+
+        The runner's per-token fast path: no delta object, no dispatch, no part check, and the
+        event a copy of the part's ``text_delta`` with three fields set, numbered here (measured:
+        ~0.5k instructions less than a call into the item for it)."""
         item = self._open
         if type(item) is not MessageItem or item.phase is not None or item.part != "output_text":
             return None
-        seq = self._seq
-        self._seq = seq + 1
-        return [item.plain_text(text, seq)]
+        item.chunks.append(text)
+        event = item.text_delta.copy()
+        event["delta"] = text
+        event["logprobs"] = []
+        event["sequence_number"] = self._seq
+        self._seq += 1
+        return [event]
 
     def close_turn(self) -> list[Event]:
         """End one model turn: close every open item; returns the closing events."""
