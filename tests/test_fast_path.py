@@ -267,3 +267,27 @@ def frames(pieces: list[bytes]) -> list[Any]:
 @given(reads)
 def test_one_frame_read_decodes_as_a_split_one(data: bytes) -> None:
     assert frames([data]) == frames([data[:1], data[1:]])
+
+
+def test_reader_holds_what_the_writer_refuses_and_keeps_the_order() -> None:
+    """A backed-up client: the refused batch and every one after it wait in ``held``, in order."""
+    req = CreateResponse(model="m", input="hi")
+    tools = build_toolset([], "auto")
+    asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
+    turn = ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
+    takes = [True, False, True]
+    written: list[list[Any]] = []
+    held: list[list[Any]] = []
+
+    def direct(events: list[Any]) -> bool:
+        if takes.pop(0):
+            written.append(events)
+            return True
+        return False
+
+    on_batch = reader(asm, turn, None, direct, held)
+    assert on_batch([plain("a")]) is True
+    assert on_batch([plain("b")]) is False  # refused: held, reading stops
+    assert on_batch([plain("c")]) is False  # the writer would take it, but "b" is still waiting
+    assert [e["delta"] for e in written[0] if "delta" in e] == ["a"]
+    assert [[e["delta"] for e in batch] for batch in held] == [["b"], ["c"]]
