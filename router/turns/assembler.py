@@ -95,7 +95,7 @@ class Assembler:
         if type(item) is not MessageItem or item.phase is not None or item.part != "output_text":
             return None
         item.chunks.append(text)
-        event = item.text_delta.copy()
+        event = (item.text_delta or item.text_delta_of_part()).copy()
         event["delta"] = text
         event["logprobs"] = []
         event["sequence_number"] = self._seq

@@ -68,7 +68,8 @@ class MessageItem(OpenItem):
         self.chunks: list[str] = []  # the open part's text so far
         # The open output_text part's delta event, its delta and number still to set: Assembler.text
         # copies it per streamed token (measured: ~1.5k instructions less than a literal like add_text's).
-        self.text_delta: Event = {}
+        # Made on first use, so that a non-streamed answer does not pay for it.
+        self.text_delta: Event | None = None
 
     def ensure_part(self, events: list[Event], kind: str = "output_text") -> None:
         if self.part == kind:
@@ -79,11 +80,14 @@ class MessageItem(OpenItem):
         )
         self.item["content"].append(part)
         self.part = kind
-        if kind == "output_text":
-            self.text_delta = {"type": "response.output_text.delta", "item_id": self.item["id"], "output_index": self.index,
-                                "content_index": len(self.item["content"]) - 1, "delta": "", "logprobs": [],
-                                "sequence_number": 0}
+        self.text_delta = None
         events.append(self.sink.event({"type": "response.content_part.added", **self._base(self._part_index), "part": dict(part)}))
+
+    def text_delta_of_part(self) -> Event:
+        """``text_delta`` for the open output_text part, made now."""
+        self.text_delta = {"type": "response.output_text.delta", "item_id": self.item["id"], "output_index": self.index,
+                           "content_index": self._part_index, "delta": "", "logprobs": [], "sequence_number": 0}
+        return self.text_delta
 
     @property
     def _part_index(self) -> int:
