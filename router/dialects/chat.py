@@ -7,8 +7,8 @@ answer (streamed chunks or one whole completion) into normalized deltas.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
