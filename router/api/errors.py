@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.api.http import error_response
-from router.protocol.errors import APIError
+from router.protocol.errors import APIError, internal_error
 
 log = logging.getLogger("router.api")
 
@@ -30,7 +30,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(APIError("The router hit an internal error.", status=500, type="server_error", code="internal_error"))
+    return error_response(internal_error())
 
 
 HANDLERS = {APIError: api_error, HTTPException: http_error, Exception: unexpected_error}

@@ -27,7 +27,7 @@ from typing import Any
 from starlette.requests import Request
 
 from router.api.http import Body, Headers, error_body, read_raw
-from router.protocol.errors import APIError
+from router.protocol.errors import APIError, internal_error
 
 log = logging.getLogger("router.api")
 
@@ -51,8 +51,7 @@ async def answer(route: HotRoute, path: str, headers: Headers, body: bytes) -> B
         return error_body(exc)
     except Exception:  # noqa: BLE001 - the same answer the app's error handler gives
         log.exception("unhandled error on POST %s", path)
-        return error_body(APIError("The router hit an internal error.", status=500, type="server_error",
-                                   code="internal_error"))
+        return error_body(internal_error())
 
 
 def refused_body(error: APIError, headers: Headers) -> Body:
@@ -63,9 +62,8 @@ def refused_body(error: APIError, headers: Headers) -> Body:
     send the body the server now expects, so that connection closes after the
     answer (RFC 9110 10.1.1).
     """
-    if any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers):
-        return Body(error_body(error).body, error.status, headers={"connection": "close"})
-    return error_body(error)
+    waiting = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+    return error_body(error, {"connection": "close"} if waiting else None)
 
 
 class FastPath:

@@ -55,8 +55,8 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Body(orjson.dumps(content), status, headers=headers)
 
 
-def error_body(error: APIError) -> Body:
-    return Body(orjson.dumps(error.body()), error.status)
+def error_body(error: APIError, headers: dict[str, str] | None = None) -> Body:
+    return Body(orjson.dumps(error.body()), error.status, headers=headers)
 
 
 def error_response(error: APIError) -> Response:

@@ -31,7 +31,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from router.api.coalesce import HeadHoldingTransport
 from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
-from router.protocol.errors import APIError
+from router.protocol.errors import internal_error
 
 _HIGH_WATER = 64 * 1024  # bytes queued on the socket above which chunks go through ASGI (and wait)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -169,8 +169,7 @@ class HotCycle(RequestResponseCycle):
                 self.transport.close()
             else:
                 self.keep_alive = False
-                self._write(error_body(APIError("The router hit an internal error.", status=500, type="server_error",
-                                                code="internal_error")))
+                self._write(error_body(internal_error()))
         finally:
             self.on_response = lambda: None
 

@@ -47,7 +47,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from router.api.auth import Authenticator
 from router.api.http import error_response, validation_error
-from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge
+from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, internal_error
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import usage_object
@@ -326,8 +326,7 @@ class _Connection:
                 except Exception:  # keep the connection usable after a bug in one response
                     log.exception("websocket: response.create failed")
                     _evict_from(frame, self.cache)
-                    await self._error(APIError("The router hit an internal error.", status=500, type="server_error",
-                                               code="internal_error"), sid)
+                    await self._error(internal_error(), sid)
         except WebSocketDisconnect:
             pass
         finally:

@@ -61,3 +61,8 @@ class NoCapacity(APIError):
 
     status = 503
     type = "server_error"
+
+
+def internal_error() -> APIError:
+    """What a client sees when the router itself failed (the details go to the log)."""
+    return APIError("The router hit an internal error.", status=500, type="server_error", code="internal_error")
