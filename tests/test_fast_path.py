@@ -1,8 +1,9 @@
 """The per-token fast paths against the general ones they skip, on random streams.
 
-The runner reads a plain text chunk without deltas (``text_only`` -> ``Assembler.text``)
-and ``SSEStream`` decodes a read of one whole frame without splitting it. Both must be
-invisible: the same events, byte for byte, the same final response, the same errors.
+The runner reads a plain text chunk without parsing it or making deltas (the chat
+dialect's ``ChunkDecoder`` -> ``Assembler.text``) and ``SSEStream`` decodes a read of one
+whole frame without splitting it. Both must be invisible: the same events, byte for byte,
+the same final response, the same errors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from backends.client import SSEStream
 from router.dialects.chat import ChatOptions, ChatTurn
+from router.dialects.chat_chunks import chunk_object
 from router.dialects.deltas import Delta, TextDelta
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_object
@@ -120,7 +122,11 @@ def outcome(step: Any) -> tuple[str, Any]:
 
 
 def play(stream: list[list[Any]], think_tags: bool, fast: bool) -> list[Any]:
-    """Every batch's events (as sent: JSON bytes), then the turn's end and the response's."""
+    """Every batch's events (as sent: JSON bytes), then the turn's end and the response's.
+
+    Each chunk goes over the wire as JSON: the fast way reads it with the dialect's own
+    decoder, the general way parses it (``chunk_object``) and makes deltas of every frame.
+    """
     req = CreateResponse(model="m", input="hi", tools=TOOLS)
     tools = build_toolset(TOOLS, "auto")
     out: list[Any] = []
@@ -133,11 +139,12 @@ def play(stream: list[list[Any]], think_tags: bool, fast: bool) -> list[Any]:
             on_batch = reader(asm, turn, timer, None, held)
 
             def translate(batch: list[Any]) -> list[Any]:
-                on_batch(batch)
+                on_batch([turn.decode(orjson.dumps(frame)) for frame in batch])
                 return held.pop() if held else []
-        else:  # the general way: every frame through deltas and feed
+        else:  # the general way: every frame parsed, then through deltas and feed
             def translate(batch: list[Any]) -> list[Any]:
-                events = asm.feed([d for frame in batch for d in turn.chunk(frame)])
+                frames = [chunk_object(orjson.dumps(frame)) for frame in batch]
+                events = asm.feed([d for frame in frames for d in turn.chunk(frame)])
                 if events:
                     timer.token(len(batch))
                 return events
@@ -202,12 +209,16 @@ def test_the_fast_path_is_taken_for_plain_text() -> None:
     translate = reader(asm, turn, None, lambda events: written.append(events) is None, [])
     first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"}, "logprobs": None,
                                   "finish_reason": None}]}
-    translate([first])  # opens the message and its part: the general way
-    plain = {**HEAD, "choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": None, "finish_reason": None}]}
-    with mock.patch.object(turn, "chunk", side_effect=AssertionError("decoded the general way")):
-        translate([plain])
+    translate([turn.decode(orjson.dumps(first))])  # opens the message and its part: the general way
+    for text in ("b", "c"):  # the first plain text chunk teaches the decoder; the next is not parsed
+        plain = {**HEAD, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]}
+        with mock.patch.object(turn, "chunk", side_effect=AssertionError("decoded the general way")):
+            translate([turn.decode(orjson.dumps(plain))])
+    with (mock.patch("router.dialects.chat_chunks.chunk_object", side_effect=AssertionError("parsed")),
+          mock.patch.object(turn, "chunk", side_effect=AssertionError("decoded the general way"))):
+        translate([turn.decode(orjson.dumps(plain))])
     assert [e["type"] for e in written[-1]] == ["response.output_text.delta"]
-    assert written[-1][0]["delta"] == "b"
+    assert [batch[0]["delta"] for batch in written[-3:]] == ["b", "c", "c"]
 
 
 # -- the assembler's text fast path from any state the deltas can leave it in

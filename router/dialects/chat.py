@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
+from router.dialects.chat_chunks import NOT_AN_OBJECT, ChunkDecoder, chunk_object
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.dialects.think import ThinkSplitter
 from router.protocol.errors import InvalidRequest
@@ -248,9 +249,10 @@ class ChatTurn:
         self._model = model
         self._think = ThinkSplitter() if options.think_tags else None
         self._calls: dict[int, int] = {}  # the engine's tool-call index -> ours
-        # A plain text chunk's text without deltas (the runner's per-token fast path); a think-tag
-        # splitter must see every piece of content, so none then.
-        self.text_only: Callable[[Any], str | None] | None = None if options.think_tags else text_only
+        # The stream's payloads, a plain text chunk read as its text (a str) without being parsed:
+        # the runner's per-token fast path. A think-tag splitter must see every piece of content
+        # the general way, so only parsed chunks then.
+        self.decode: Callable[[bytes], Any] = chunk_object if options.think_tags else ChunkDecoder()
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         messages = to_messages(items, self._req.instructions, self._options)
@@ -261,9 +263,14 @@ class ChatTurn:
         self._flush(out)
         return out
 
-    def chunk(self, chunk: dict[str, Any]) -> list[Delta]:
-        """One streamed ``chat.completion.chunk``."""
+    def chunk(self, chunk: dict[str, Any] | str) -> list[Delta]:
+        """One streamed ``chat.completion.chunk``, or the text of a plain text one (from ``decode``)."""
         out: list[Delta] = []
+        if type(chunk) is not dict:
+            if type(chunk) is not str:
+                raise ValueError(NOT_AN_OBJECT)
+            self._message({"content": chunk}, None, out)
+            return out
         for choice in chunk.get("choices") or ():
             self._message(choice.get("delta") or {}, choice.get("logprobs"), out)
             reason = choice.get("finish_reason")
@@ -321,31 +328,6 @@ class ChatTurn:
     def _flush(self, out: list[Delta]) -> None:
         if self._think is not None:
             out.extend(self._think.flush())
-
-
-def text_only(chunk: Any) -> str | None:
-    """The text of a chunk that is nothing but a piece of the answer, else None.
-
-    Nothing but: one choice whose delta has non-empty string ``content`` and no
-    reasoning, refusal or tool calls; no logprobs, finish reason or usage. For such a
-    chunk ``ChatTurn.chunk`` gives exactly ``[TextDelta(text)]`` and changes no state,
-    so a caller may skip it and the delta object. Any other chunk: None (read it with
-    ``chunk``). Subscripts under one try, not ``.get`` and type checks: this runs once
-    per streamed token, and a chunk of another shape fails one of them.
-    """
-    try:
-        (choice,) = chunk["choices"]
-        delta = choice["delta"]
-        content = delta["content"]
-        if (not content or type(content) is not str or choice.get("finish_reason") or choice.get("logprobs")
-                or chunk.get("usage")):
-            return None
-    except (KeyError, TypeError, ValueError):
-        return None
-    if len(delta) > 1 and (delta.get("reasoning_content") or delta.get("reasoning") or delta.get("refusal")
-                           or delta.get("tool_calls")):
-        return None
-    return content
 
 
 def _finish(reason: str) -> Any:

@@ -28,6 +28,8 @@ from router.protocol.tools import ToolSet
 
 
 class HarmonyTurn:
+    decode = None  # generate frames are JSON, read the general way
+
     def __init__(self, req: CreateResponse, tools: ToolSet, encoding: HarmonyEncoding, *, engine: str,
                  context_length: int | None, request_id: str, model: str = "", use_completions: bool = False) -> None:
         self.path = COMPLETIONS_FALLBACK_PATH if use_completions else GENERATE_PATH[engine]

@@ -6,6 +6,7 @@ answer; the runner sees only this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from router.dialects.deltas import Delta
@@ -14,11 +15,14 @@ from router.protocol.items import Item
 
 class DialectTurn(Protocol):
     path: str  # the worker endpoint to POST to
+    # How the stream's payloads are decoded, when the dialect knows a cheaper way than JSON for
+    # some of them (None: JSON). A plain text chunk may then come to ``chunk`` as its text, a str.
+    decode: Callable[[bytes], Any] | None
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         """The worker's request body for one model turn over ``items``."""
 
-    def chunk(self, payload: dict[str, Any]) -> list[Delta]:
+    def chunk(self, payload: Any) -> list[Delta]:
         """One streamed frame of the worker's answer."""
 
     def completion(self, payload: dict[str, Any]) -> list[Delta]:
