@@ -33,7 +33,7 @@ def reference(payload: bytes) -> tuple[str, Any]:
 
 def decoded(decoder: ChunkDecoder, payload: bytes) -> tuple[str, Any]:
     try:
-        out = decoder(payload)
+        out = decoder.decode(payload)
     except ValueError as exc:
         return type(exc).__name__, str(exc)
     return ("text", out) if type(out) is str else ("chunk", out)
@@ -70,7 +70,7 @@ TAIL = b'"},"logprobs":null,"finish_reason":null}]}'
 @example([b"a", b'"},"logprobs":null,"finish_reason":"stop"}]}{"x":"'])
 def test_any_bytes_between_a_learned_head_and_tail_read_as_parsed(contents: list[bytes]) -> None:
     decoder = ChunkDecoder()
-    assert decoder(HEAD + b"learned" + TAIL) == "learned"
+    assert decoder.decode(HEAD + b"learned" + TAIL) == "learned"
     assert decoder.learned == (HEAD, TAIL)
     for content in contents:
         payload = HEAD + content + TAIL
@@ -80,13 +80,13 @@ def test_any_bytes_between_a_learned_head_and_tail_read_as_parsed(contents: list
 def test_the_learned_head_and_tail_skip_the_parser() -> None:
     decoder = ChunkDecoder()
     first = HEAD.replace(b'"delta":{', b'"delta":{"role":"assistant",') + b"Hi" + TAIL
-    assert decoder(first) == "Hi"  # a stream's first chunk: its role makes other bytes
-    assert decoder(HEAD + b" there" + TAIL) == " there"  # parsed, and learned from
+    assert decoder.decode(first) == "Hi"  # a stream's first chunk: its role makes other bytes
+    assert decoder.decode(HEAD + b" there" + TAIL) == " there"  # parsed, and learned from
     assert decoder.learned == (HEAD, TAIL)
     with mock.patch("router.dialects.chat_chunks.chunk_object", wraps=chunk_object) as parse:
-        assert decoder(HEAD + "—ünïcode".encode() + TAIL) == "—ünïcode"
+        assert decoder.decode(HEAD + "—ünïcode".encode() + TAIL) == "—ünïcode"
         assert parse.call_count == 0
-        assert decoder(HEAD + b'\\"' + TAIL) == '"'  # escaped: parsed
+        assert decoder.decode(HEAD + b'\\"' + TAIL) == '"'  # escaped: parsed
         assert parse.call_count == 1
 
 
@@ -94,17 +94,17 @@ def test_content_that_is_not_where_text_only_reads_is_not_learned() -> None:
     """The first "content" in the bytes is another object's: the probe finds out."""
     other = b'{"x":{"content":"same"},"choices":[{"index":0,"delta":{"content": "same"}}]}'
     decoder = ChunkDecoder()
-    assert decoder(other) == "same"
+    assert decoder.decode(other) == "same"
     assert decoder.learned == (b"", b"")
     changed = other.replace(b'{"content":"same"}', b'{"content":"other"}')
-    assert decoder(changed) == "same"
+    assert decoder.decode(changed) == "same"
 
 
 def test_a_payload_that_is_not_an_object_is_an_error_not_text() -> None:
     decoder = ChunkDecoder()
     for payload in (b'"text"', b"[]", b"5", b"null"):
         try:
-            decoder(payload)
+            decoder.decode(payload)
         except ValueError as exc:
             assert str(exc) == NOT_AN_OBJECT
         else:

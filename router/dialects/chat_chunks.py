@@ -72,11 +72,12 @@ class ChunkDecoder:
     teach it again. One decoder per stream: the head holds the stream's id.
     """
 
-    __slots__ = ("_head", "_tail", "_cut", "_lessons")
+    __slots__ = ("_head", "_tail", "_start", "_end", "_cut", "_lessons")
 
     def __init__(self) -> None:
         self._head = b""
         self._tail = b""
+        self._start = self._end = 0  # where the content starts (len(head)) and ends (-len(tail))
         self._cut = 0  # len(head) + len(tail); 0 until learned
         self._lessons = 3  # how many more times a parsed text chunk may be learned from
 
@@ -85,13 +86,13 @@ class ChunkDecoder:
         """The head and tail it recognizes plain text chunks by (empty until learned)."""
         return self._head, self._tail
 
-    def __call__(self, payload: bytes) -> Any:
+    def decode(self, payload: bytes) -> Any:
         # Slices compared, not startswith/endswith, and one regex search that finds nothing:
-        # measured, the cheapest way here (~3k instructions, against ~9k to parse).
+        # measured, the cheapest way here (~4k instructions, against ~9k to parse).
         if self._cut and len(payload) > self._cut:
-            head, tail = self._head, self._tail
-            if payload[:len(head)] == head and payload[-len(tail):] == tail:
-                content = payload[len(head):-len(tail)]
+            start, end = self._start, self._end
+            if payload[:start] == self._head and payload[end:] == self._tail:
+                content = payload[start:end]
                 if _NOT_PLAIN.search(content) is None:
                     try:
                         return content.decode()
@@ -128,4 +129,4 @@ class ChunkDecoder:
         except orjson.JSONDecodeError:
             return
         self._head, self._tail = head, tail
-        self._cut = len(head) + len(tail)
+        self._start, self._end, self._cut = len(head), -len(tail), len(head) + len(tail)
