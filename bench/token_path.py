@@ -1,0 +1,166 @@
+"""Instructions per streamed token on the router's own path, in one process: an A/B in a minute.
+
+    .venv/bin/python bench/token_path.py [--baseline REV] [--tokens 5000]
+
+``bench/instructions.py`` counts a whole router under callgrind (minutes, and
+the stream's start and end spread over its tokens). This counts only the
+per-token path: worker bytes into the worker connection (``backends/wire.py``),
+SSE frames, the chat dialect's decoder, the runner's reader, the assembler, the
+SSE encoder and the router's chunk writer, with stand-in transports instead of
+sockets (so no syscalls, and no uvloop). Each token is one read of one HTTP
+chunk of one SSE frame, as a paced worker sends it. Counted by callgrind
+around ``map``'s calls of ``data_received``, so start-up is left out.
+``--run N`` runs the path natively instead (what tests/test_token_path.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAD = (b'{"id":"chatcmpl-da45bc4861a94deb88e7b59ceb0fef96","object":"chat.completion.chunk","created":1795979290,'
+        b'"model":"sim-model","choices":[{"index":0,"delta":{"content":"')
+TAIL = b'"},"logprobs":null,"finish_reason":null}]}'
+WORDS = [b" wait", b" latency", b" a", b" pool", b"models"]
+
+
+class Socket:
+    """The client's socket: counts what the router writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class Worker:
+    """The worker's socket: takes the request, never pushes back."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def frames(n: int) -> list[bytes]:
+    """``n`` worker reads: each one HTTP chunk holding one SSE frame of one plain text chunk."""
+    out = []
+    for i in range(n):
+        sse = b"data: " + HEAD + WORDS[i % len(WORDS)] + TAIL + b"\n\n"
+        out.append(b"%x\r\n%s\r\n" % (len(sse), sse))
+    return out
+
+
+async def stream(n: int) -> list[bytes]:
+    """Runs ``n`` tokens through the path; returns what reached the client's socket."""
+    from backends.client import SSEStream
+    from backends.wire import Connection
+    from router.api.server import RouterHttpProtocol
+    from router.api.sse import encode_events
+    from router.dialects.chat import ChatOptions, ChatTurn
+    from router.metrics import RouterMetrics
+    from router.protocol.requests import CreateResponse
+    from router.protocol.shapes import response_object
+    from router.protocol.tools import build_toolset
+    from router.turns.assembler import Assembler
+    from router.turns.runner import reader
+
+    socket = Socket()
+    protocol: Any = SimpleNamespace(
+        cycle=SimpleNamespace(chunked_encoding=True, response_complete=False, disconnected=False,
+                              flow=SimpleNamespace(write_paused=False)),
+        raw=socket, transport=SimpleNamespace(held=None))
+    if hasattr(RouterHttpProtocol, "chunk_writer"):
+        direct = RouterHttpProtocol.chunk_writer(protocol, encode_events)
+    else:  # revisions before the chunk writer
+        write = RouterHttpProtocol.write_chunk.__get__(protocol)  # type: ignore[attr-defined]
+        direct = lambda events: write(encode_events(events))  # noqa: E731
+
+    conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker"))  # type: ignore[arg-type]
+    conn.connection_made(Worker())  # type: ignore[arg-type]
+    conn.active = True
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    req = CreateResponse(model="m", input="hi")
+    tools = build_toolset([], "auto")
+    asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
+    turn = ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
+    timer = RouterMetrics().timer("m", "arm", "pool")
+    on_batch = reader(asm, turn, timer, direct, [])
+    sse = SSEStream(conn)
+    pushing = sse.push(on_batch, turn.decode) if hasattr(turn, "decode") else sse.push(on_batch)
+    consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
+    await asyncio.sleep(0)  # the reader is attached and waiting
+    reads = frames(n)
+    list(map(conn.data_received, reads))  # callgrind counts inside map's calls only
+    consumer.cancel()
+    return socket.writes
+
+
+def run(n: int) -> list[bytes]:
+    import uvloop
+    return uvloop.run(stream(n))
+
+
+def count(src: Path, n: int) -> float:
+    """Instructions per token for the tree at ``src``."""
+    cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=map_next", "--callgrind-out-file=/dev/null",
+           sys.executable, str(Path(__file__).resolve()), "--run", str(n)]
+    done = subprocess.run(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
+    for line in done.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split()[-1]) / n
+    raise RuntimeError(f"callgrind gave no count:\n{done.stderr[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", help="also count this git revision, and print the ratio")
+    p.add_argument("--tokens", type=int, default=5000)
+    p.add_argument("--run", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.run:
+        writes = run(args.run)
+        return 0 if len(writes) >= args.run else 1
+    rows = {"working tree": count(ROOT, args.tokens)}
+    if args.baseline:
+        from bench.procs import export_rev
+        src = export_rev(args.baseline, Path(tempfile.mkdtemp(prefix="responses-router-token-path-")))
+        rows[f"baseline {args.baseline}"] = count(src, args.tokens)
+    print("| router | instructions / streamed token (in-process path) |")
+    print("|---|---:|")
+    for name, value in rows.items():
+        print(f"| {name} | {value:,.0f} |")
+    if args.baseline:
+        print(f"\nworking tree / baseline: {rows['working tree'] / rows[f'baseline {args.baseline}']:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--run" not in sys.argv and str(ROOT) not in sys.path:  # with --run, PYTHONPATH says which tree
+        sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
