@@ -93,10 +93,10 @@ async def stream(n: int) -> list[bytes]:
     socket = Socket()
     protocol: Any = SimpleNamespace(
         cycle=SimpleNamespace(chunked_encoding=True, response_complete=False, disconnected=False,
-                              flow=SimpleNamespace(write_paused=False)),
+                              flow=SimpleNamespace(write_paused=False), scope={}),
         raw=socket, transport=SimpleNamespace(held=None))
     if hasattr(RouterHttpProtocol, "chunk_writer"):
-        direct = RouterHttpProtocol.chunk_writer(protocol, encode_events)
+        direct = RouterHttpProtocol.chunk_writer(protocol, protocol.cycle.scope, encode_events)
     else:  # revisions before the chunk writer
         write = RouterHttpProtocol.write_chunk.__get__(protocol)  # type: ignore[attr-defined]
         direct = lambda events: write(encode_events(events))  # noqa: E731

@@ -279,6 +279,17 @@ def test_a_hot_route_can_answer_with_a_stream(served: Served) -> None:
         assert _json(reader.answer()[2])["got"] == {"after": 3}
 
 
+def test_pipelined_streams_are_answered_in_order_each_with_its_own_chunks(served: Served) -> None:
+    """The second request is parsed before the first stream starts: each stream's chunks still
+    go to its own answer (a chunk writer is bound to its request, not the connection's latest)."""
+    with served.connect() as sock:
+        sock.sendall(_post(b'{"stream": 30}') + _post(b'{"stream": 20}') + _post(b'{"n": 3}'))
+        reader = Reader(sock)
+        assert reader.answer()[2] == b"".join(b"data: %d\n\n" % i for i in range(30))
+        assert reader.answer()[2] == b"".join(b"data: %d\n\n" % i for i in range(20))
+        assert _json(reader.answer()[2])["got"] == {"n": 3}
+
+
 def test_a_query_string_or_other_method_is_served_the_asgi_way(served: Served) -> None:
     with served.connect() as sock:
         reader = Reader(sock)

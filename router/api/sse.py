@@ -78,7 +78,7 @@ class StreamBody:
         watcher = asyncio.get_running_loop().create_task(watch())
         encode, source = self.encode or _as_is, self.source
         chunk_writer = (scope.get("extensions") or {}).get("router.chunk_writer")  # router/api/server.py
-        write = chunk_writer(encode) if chunk_writer is not None else None
+        write = chunk_writer(scope, encode) if chunk_writer is not None else None
         if write is not None and self.attach is not None:
             self.attach(write)
         try:
