@@ -36,6 +36,10 @@ class WorkerClient:
             connector=connector, timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
         )
 
+    def forget(self, origin: str) -> None:
+        """The worker at ``origin`` is out of service: close the model-call connections to it."""
+        self.wire.forget(origin)
+
     async def close(self) -> None:
         self.wire.close()
         if self._session is not None:

@@ -274,6 +274,7 @@ class HostPool:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.idle: list[Connection] = []
+        self.closed = False  # forgotten: connections that come back are closed, not kept
 
     async def acquire(self) -> tuple[Connection, bool]:
         """A connection and whether it was kept alive from an earlier request."""
@@ -290,12 +291,13 @@ class HostPool:
         return conn, False  # type: ignore[return-value]
 
     def put(self, conn: Connection) -> None:
-        if len(self.idle) < MAX_IDLE:
+        if len(self.idle) < MAX_IDLE and not self.closed:
             self.idle.append(conn)
         else:
             conn.abort()
 
     def close(self) -> None:
+        self.closed = True
         for conn in self.idle:
             conn.abort()
         self.idle.clear()
@@ -350,6 +352,15 @@ class Wire:
                 conn.abort()
                 raise
             return conn
+
+    def forget(self, origin: str) -> None:
+        """Close the idle connections to ``origin`` (``http://host:port``), and the busy ones as
+        their requests end: a worker taken out of service keeps no sockets open here."""
+        parts = urlsplit(origin)
+        pool = self._pools.pop((parts.hostname or "127.0.0.1", parts.port or 80), None)
+        if pool is not None:
+            pool.close()
+            self._heads = {key: found for key, found in self._heads.items() if found[0] is not pool}
 
     def close(self) -> None:
         for pool in self._pools.values():

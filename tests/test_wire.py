@@ -355,3 +355,22 @@ def test_push_mode_failures_reach_the_consumer_task() -> None:
         assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
 
     _against_app(main)
+
+
+def test_a_forgotten_worker_keeps_no_connection_open() -> None:
+    """Idle connections close at once; one busy with a stream closes when the stream ends."""
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 3})  # busy on one connection
+        for i in range(3):  # on a second one, idle between them
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        pool = client.wire._pools[("127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
+        idle = list(pool.idle)
+        assert len(idle) == 1 and server.connections == 2
+        client.forget(server.url)
+        assert idle[0].closed or idle[0].transport.is_closing()
+        assert [f["i"] async for batch in stream.batches() for f in batch] == [0, 1, 2]
+        assert pool.idle == [] and not client.wire._pools
+        assert await client.post_json(server.url + "/echo", {"again": 1}) == {"got": {"again": 1}}
+        assert server.connections == 3  # a new connection: none of the old ones was kept
+
+    _against_app(main)

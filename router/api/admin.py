@@ -68,6 +68,7 @@ class AdminAPI:
         if worker is None or worker.process is not None:
             raise NotFound(f"no external worker {url!r} in pool {pool.name!r}", param="url")
         pool.workers.remove(worker)  # requests in flight on it finish; no new ones go there
+        pool.client.forget(url)  # its idle connections close now, the busy ones as their requests end
         return json_response(pool.describe())
 
     def _pool(self, request: Request) -> Pool:
