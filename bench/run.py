@@ -207,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                      "round robin in the sim column, affinity in the router column")
     print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
+        before = RESULTS.read_bytes() if RESULTS.exists() else b""
         with RESULTS.open("a") as f:
-            if RESULTS.stat().st_size == 0:
+            if not before:
                 f.write("# Benchmark results\n\nAppended by `bench/run.py`; newest last.\n\n")
+            elif not before.endswith(b"\n\n"):  # a heading needs a blank line before it
+                f.write("\n" if before.endswith(b"\n") else "\n\n")
             f.write(report.results_entry(info, table, notes))
         print(f"\nappended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
     return 0
