@@ -1,6 +1,6 @@
 """Instructions per request and per streamed token, counted by callgrind: the repeatable reading.
 
-    .venv/bin/python bench/instructions.py [--baseline REV] [--requests 50] [--streams 10]
+    .venv/bin/python bench/instructions.py [--baseline REV] [--requests 50] [--streams 10] [--harmony]
 
 Seconds on this machine move by 30-50% from one hour to the next (a shared
 VM: the same code and load read 30 or 47 us per token). Instruction counts
@@ -15,6 +15,9 @@ so that the router, slowed ~50x, still reads one token per read as it does
 natively. Beside the router, ``bench/relay.py`` (a byte relay) is counted
 the same way on the same streams: the floor per token. With ``--baseline``,
 the router of that git revision is counted too and the table prints ratios.
+With ``--harmony`` the pool is a harmony (gpt-oss) one, on a sim speaking vLLM's
+generate API with real harmony tokens (a streamed answer also holds a few
+reasoning tokens); there is no relay row then.
 Nothing is written to bench/RESULTS.md (paste the table there when it matters).
 """
 
@@ -76,10 +79,12 @@ def count(proc: subprocess.Popen[bytes], out: Path, url: str, path: str, bodies:
     raise RuntimeError("callgrind wrote no dump")
 
 
-def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_streams: int) -> dict[str, float]:
+def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_streams: int,
+                   harmony_vocab: str | None = None) -> dict[str, float]:
     port = procs.free_port()
     cfg = work / f"router-{port}.toml"
-    cfg.write_text(procs.router_config(port=port, sim_urls=[sim.url], db_path=str(work / f"r-{port}.db")))
+    cfg.write_text(procs.router_config(port=port, sim_urls=[sim.url], db_path=str(work / f"r-{port}.db"),
+                                       harmony_vocab=harmony_vocab))
     out, log = work / f"router-{port}.cg", work / f"router-{port}.log"
     proc = callgrind([sys.executable, "-m", "router", "--config", str(cfg)], src, out, log)
     url = f"http://127.0.0.1:{port}"
@@ -115,22 +120,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="also count the router of this git revision, and print ratios")
     p.add_argument("--requests", type=int, default=50, help="non-stream requests counted (store: true, 16 tokens)")
     p.add_argument("--streams", type=int, default=10, help=f"streams of {STREAM_TOKENS} tokens counted")
+    p.add_argument("--harmony", action="store_true",
+                   help="a harmony (gpt-oss) pool on a sim speaking vLLM's generate API; no relay row")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="responses-router-instructions-"))
-    sim = procs.start_sim(work, cpus=None)
+    vocab = None
+    if args.harmony:
+        from router.dialects.harmony_vocab import ensure_vocab
+        vocab = str(ensure_vocab(Path.home() / ".cache" / "responses-router" / "harmony").parent)
+    sim = procs.start_sim(work, cpus=None, extra=procs.harmony_sim_args(vocab) if vocab else ())
     try:
-        rows = {"working tree": measure_router(ROOT, sim, work, args.requests, args.streams)}
+        rows = {"working tree": measure_router(ROOT, sim, work, args.requests, args.streams, vocab)}
         if args.baseline:
             src = procs.export_rev(args.baseline, work / "baseline")
-            rows[f"baseline {args.baseline}"] = measure_router(src, sim, work, args.requests, args.streams)
-        relay = measure_relay(sim, work, args.streams)
+            rows[f"baseline {args.baseline}"] = measure_router(src, sim, work, args.requests, args.streams, vocab)
+        relay = None if vocab else measure_relay(sim, work, args.streams)
     finally:
         sim.stop()
-    print("| router | instructions / create (store: true) | instructions / streamed token | token vs relay |")
+    pool = "harmony pool" if vocab else "chat pool"
+    print(f"| router ({pool}) | instructions / create (store: true) | instructions / streamed token | token vs relay |")
     print("|---|---:|---:|---:|")
     for name, r in rows.items():
-        print(f"| {name} | {r['create']:,.0f} | {r['stream']:,.0f} | {r['stream'] / relay:.2f}x |")
-    print(f"| byte relay (bench/relay.py, the floor) | | {relay:,.0f} | 1.00x |")
+        ratio = f"{r['stream'] / relay:.2f}x" if relay else ""
+        print(f"| {name} | {r['create']:,.0f} | {r['stream']:,.0f} | {ratio} |")
+    if relay:
+        print(f"| byte relay (bench/relay.py, the floor) | | {relay:,.0f} | 1.00x |")
     if args.baseline:
         new, old = rows["working tree"], rows[f"baseline {args.baseline}"]
         print(f"\nworking tree / baseline: create {new['create'] / old['create']:.3f}x, "

@@ -239,6 +239,11 @@ def _spawn(name: str, argv: list[str], log_path: Path, cpus: Sequence[int] | Non
     )
 
 
+def harmony_sim_args(vocab_dir: str) -> list[str]:
+    """A sim speaking vLLM's generate API with gpt-oss's harmony tokens (for ``router_config(harmony_vocab=...)``)."""
+    return ["--engine", "vllm", "--dialect", "harmony", "--harmony-vocab-dir", vocab_dir, "--max-model-len", "8192"]
+
+
 def start_sim(workdir: Path, *, cpus: Sequence[int] | None, itl_ms: float = 0.0,
               max_concurrency: int = 2000, extra: Sequence[str] = (), src: Path = ROOT) -> Proc:
     """A sim worker in zero-latency mode (unless ``itl_ms``), healthy on return."""
@@ -254,9 +259,15 @@ def start_sim(workdir: Path, *, cpus: Sequence[int] | None, itl_ms: float = 0.0,
     return proc
 
 
-def router_config(*, port: int, sim_urls: Sequence[str], db_path: str = "responses.db") -> str:
-    """A router TOML: one external sim pool, the public model named like the sim's, SQLite store."""
+def router_config(*, port: int, sim_urls: Sequence[str], db_path: str = "responses.db",
+                  harmony_vocab: str | None = None) -> str:
+    """A router TOML: one external sim pool, the public model named like the sim's, SQLite store.
+
+    With ``harmony_vocab`` (the vocabulary's folder) the pool is a harmony one on vLLM's
+    generate API, for sims started with ``HARMONY_SIM_ARGS``."""
     urls = ", ".join(f'"{u}"' for u in sim_urls)
+    harmony = (f'[harmony]\nvocab_dir = "{harmony_vocab}"\n\n' if harmony_vocab else "")
+    pool = ('engine = "vllm"\ndialect = "harmony"\ncontext_length = 8192' if harmony_vocab else 'engine = "sim"')
     return f"""[server]
 port = {port}
 log_level = "warning"
@@ -264,9 +275,9 @@ log_level = "warning"
 [store]
 path = "{db_path}"
 
-[[pools]]
+{harmony}[[pools]]
 name = "sim"
-engine = "sim"
+{pool}
 model = "{MODEL}"
 urls = [{urls}]
 
