@@ -19,6 +19,7 @@ multi-turn history and all of it during a tool loop; it is switched off.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
@@ -205,7 +206,18 @@ def _output_text(output: Any) -> str:
 
 def stop_token_ids(encoding: HarmonyEncoding) -> list[int]:
     """``<|return|>`` and ``<|call|>``: where an assistant action ends (not ``<|end|>``)."""
-    return list(encoding.stop_tokens_for_assistant_actions())
+    return list(_action_ends(encoding))
+
+
+@functools.cache
+def _action_ends(encoding: HarmonyEncoding) -> tuple[int, int]:
+    """The ids of ``<|return|>`` and ``<|call|>``, asked once per encoding: measured, each
+    openai-harmony call that names a special token rebuilds the whole special-token table
+    (~350k instructions; these two lookups cost ~2M per request)."""
+    ids = {t: encoding.encode(t, allowed_special="all")[0] for t in ("<|return|>", "<|call|>")}
+    if set(encoding.stop_tokens_for_assistant_actions()) != set(ids.values()):
+        raise ValueError("this harmony encoding ends assistant actions with other tokens than <|return|> and <|call|>")
+    return ids["<|return|>"], ids["<|call|>"]
 
 
 # -- generated tokens -> deltas --------------------------------------------------
@@ -240,7 +252,7 @@ class HarmonyParser:
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._enc = encoding
         self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
-        self._return, self._call = (encoding.encode(t, allowed_special="all")[0] for t in ("<|return|>", "<|call|>"))
+        self._return, self._call = _action_ends(encoding)
         self._state = "Header"  # mirrors the parser's state; it only changes on special tokens
         self._header: list[int] = []  # tokens of a header not yet complete
         self._kind = _IGNORE  # what the current message's content becomes
