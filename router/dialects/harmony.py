@@ -27,12 +27,10 @@ from typing import Any
 
 from openai_harmony import (
     Author,
-    Conversation,
     DeveloperContent,
     HarmonyEncoding,
     Message,
     ReasoningEffort,
-    RenderConversationConfig,
     Role,
     StreamableParser,
     SystemContent,
@@ -40,6 +38,7 @@ from openai_harmony import (
 )
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from router.dialects.harmony_render import rendered_messages
 from router.protocol.errors import InvalidRequest
 from router.protocol.ids import new_id
 from router.protocol.items import Item, message_text
@@ -49,7 +48,6 @@ _EFFORT = {
     "minimal": ReasoningEffort.LOW, "none": ReasoningEffort.LOW, "low": ReasoningEffort.LOW,
     "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH, "xhigh": ReasoningEffort.HIGH,
 }
-_KEEP_ALL = RenderConversationConfig(auto_drop_analysis=False)  # dropping is done here, see the module doc
 _JSON = "<|constrain|>json"
 _BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.with_python_tool}
 
@@ -57,18 +55,18 @@ _BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.
 # -- items -> prompt tokens ------------------------------------------------------
 
 
-def render_prompt(
+def prompt_messages(
     items: Sequence[Item],
     *,
     instructions: str | None,
     tools: Sequence[dict[str, Any]] | None,
     reasoning_effort: str | None,
-    encoding: HarmonyEncoding,
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
     current_date: str | None = None,
     builtin_tools: Sequence[str] = (),
-) -> list[int]:
-    """History + this turn's input -> prompt token ids ending in ``<|start|>assistant``.
+) -> tuple[list[Message], list[Message]]:
+    """History + this turn's input -> the prompt's messages: the system and developer ones,
+    then the conversation's (``render_prompt`` renders them).
 
     ``reasoning_effort``: low/medium/high (None -> medium; minimal/none -> low, xhigh -> high).
     ``current_date``: ``YYYY-MM-DD``; None -> today (UTC). Pass the conversation's start
@@ -104,9 +102,14 @@ def render_prompt(
             developer = developer.with_function_tools(functions)
         messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
 
-    messages += _history(items)
-    conversation = Conversation.from_messages(messages)
-    return list(encoding.render_conversation_for_completion(conversation, Role.ASSISTANT, _KEEP_ALL))
+    return messages, _history(items)
+
+
+def render_prompt(items: Sequence[Item], *, encoding: HarmonyEncoding, **options: Any) -> list[int]:
+    """History + this turn's input -> prompt token ids ending in ``<|start|>assistant``:
+    ``prompt_messages`` (which takes ``options``), rendered (messages rendered before are
+    not rendered again: router/dialects/harmony_render.py)."""
+    return rendered_messages(encoding).prompt(*prompt_messages(items, **options))
 
 
 def _history(items: Sequence[Item]) -> list[Message]:
