@@ -5,7 +5,8 @@ renders a formatting token, so rendering one message costs ~0.1 ms here and
 a conversation of N messages N times that, on every turn: measured, 10 ms of
 CPU per request at 100 messages, 41 ms at 400. A conversation's messages do
 not change from one turn to the next, so each is rendered once and its token
-ids kept (the key is the message's own JSON, ~5 us to make).
+ids kept (the key is the message's own JSON, what openai-harmony hands its
+renderer, ~5 us to make).
 
 What is kept is what openai-harmony renders, checked by tests/test_harmony_render.py
 against ``render_conversation_for_completion`` on random conversations: the
@@ -44,7 +45,7 @@ class RenderedMessages:
 
         ``head``: the system and developer messages (rendered together); ``rest``: the others."""
         ids: list[int] = []
-        ids += self._ids("\0".join(m.to_json() for m in head), lambda: self._conversation(head))
+        ids += self._ids("\0".join(["head", *(m.to_json() for m in head)]), lambda: self._conversation(head))
         for message in rest:
             ids += self._ids(message.to_json(), lambda: self._encoding.render(message))  # noqa: B023 - called at once
         ids += self._start
