@@ -287,12 +287,14 @@ pool = "sim"
 """
 
 
-def start_router(workdir: Path, sim_urls: Sequence[str], *, cpus: Sequence[int] | None, src: Path = ROOT) -> Proc:
-    """``python -m router --config cfg.toml`` on a free port, healthy on return."""
+def start_router(workdir: Path, sim_urls: Sequence[str], *, cpus: Sequence[int] | None, src: Path = ROOT,
+                 harmony_vocab: str | None = None) -> Proc:
+    """``python -m router --config cfg.toml`` on a free port, healthy on return (see ``router_config``)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / f"router-{port}.toml"
-    cfg.write_text(router_config(port=port, sim_urls=sim_urls, db_path=f"responses-{port}.db"))
+    cfg.write_text(router_config(port=port, sim_urls=sim_urls, db_path=f"responses-{port}.db",
+                                 harmony_vocab=harmony_vocab))
     log_path = workdir / f"router-{port}.log"
     argv = [sys.executable, "-m", "router", "--config", str(cfg)]
     proc = Proc("router", _spawn("router", argv, log_path, cpus, src), port, log_path)

@@ -103,7 +103,29 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
         rows.append(Row("6", "chat passthrough c=32 router CPU us/request", router=NA_CHAT,
                         target=f"<= {T_CHAT_CPU_US:.0f} us"))
     rows += _stream_rows(res)
-    return sorted(rows, key=lambda r: int(r.item))  # stable: item 6 (CPU at c=32) last
+    rows += _harmony_rows(res)
+    return sorted(rows, key=lambda r: int(r.item))  # stable: item 6 (CPU at c=32) after 5
+
+
+def _harmony_rows(res: dict[str, Any]) -> list[Row]:
+    """Item 8: router CPU on a harmony pool, beside the chat pool's figure from items 2 and 3.
+
+    No verdict: the issue's targets were set on a chat proxy; these say how far a gpt-oss
+    pool is from them."""
+    rows: list[Row] = []
+    for c, r in sorted(res.get("harmony_responses", {}).items()):
+        chat = res.get("responses", {}).get(c)
+        errs = "" if r["ok"] == r["requests"] else f" ({r['requests'] - r['ok']} errors: {r['statuses']})"
+        rows.append(Row("8", f"harmony: responses store=true c={c} router CPU us/request",
+                        f"chat pool: {_us(_cpu(chat, 'router')[0], chat['requests']):.0f}" if chat else "",
+                        f"{_us(_cpu(r, 'router')[0], r['requests']):.0f}; {r['rps']:.0f} req/s, "
+                        f"p50 {r['p50_ms']:.2f} ms{errs}"))
+    for streams, r in sorted(res.get("harmony_streaming", {}).items()):
+        chat = res.get("streaming", {}).get(streams)
+        rows.append(Row("8", f"harmony: stream x{streams} ({r['itl_ms']} ms/token) router CPU us/token",
+                        f"chat pool: {_us(_cpu(chat, 'router')[0], chat['tokens']):.1f}" if chat else "",
+                        f"{_us(_cpu(r, 'router')[0], r['tokens']):.1f}; {r['complete']}/{r['streams']} complete"))
+    return rows
 
 
 def _stream_rows(res: dict[str, Any]) -> list[Row]:

@@ -52,7 +52,7 @@ def describe_source(rev: str | None) -> str:
     """Which router code ran: a git revision, or the working tree (read-only git queries)."""
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip()
+        return out.stdout.rstrip()  # not strip(): a porcelain line may begin with a space
     if rev:
         return f"git revision {rev} ({git('rev-parse', '--short', rev)}), exported with git archive"
     dirty = [line for line in git("status", "--porcelain").splitlines() if not line[3:].startswith("bench/")]
@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="auto", help="CPU pinning")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
     p.add_argument("--keep", action="store_true", help="keep the work folder (configs, logs, SQLite files)")
-    p.add_argument("--items", default="1,2,3,4,5,7", help="which items to run, e.g. 2,3 (6 comes with 1 and 2)")
+    p.add_argument("--items", default="1,2,3,4,5,7,8",
+                   help="which items to run, e.g. 2,3 (6 comes with 1 and 2; 8: items 2 and 3 on a harmony pool)")
     for name, default in vars(Settings()).items():
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
@@ -135,6 +136,21 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
             try:
                 res[key] = scenarios.open_streams(router, sim, s, layout, tokens=tokens, itl_ms=itl, ramp_s=ramp)
                 res[key]["router_log"] = router.log_tail(5)
+            finally:
+                router.stop()
+        finally:
+            sim.stop()
+
+    if "8" in items:
+        _step("item 8: items 2 and 3 on a harmony (gpt-oss) pool: a sim speaking vLLM's generate API")
+        from router.dialects.harmony_vocab import ensure_vocab
+        vocab = str(ensure_vocab(Path.home() / ".cache" / "responses-router" / "harmony").parent)
+        sim = procs.start_sim(workdir, cpus=layout.sim, src=src, extra=procs.harmony_sim_args(vocab))
+        try:
+            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src, harmony_vocab=vocab)
+            try:
+                res["harmony_responses"] = scenarios.responses_nonstream(router, sim, s, layout)
+                res["harmony_streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
             finally:
                 router.stop()
         finally:
