@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,8 +18,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_START = _ephemeral_start()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now, below the kernel's ephemeral range.
+
+    A port the kernel hands out (bind to 0) may be handed out again before the process
+    the test starts binds it: to another process's bind to 0 or outgoing connection (a
+    vLLM worker makes many while the router waits for it). Ports below that range are
+    only ever taken by name, so a free one stays free until the test's process takes it.
+    """
+    low = 10000
+    for _ in range(200):
+        port = random.randrange(low, max(low + 1000, _EPHEMERAL_START))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every try taken: let the kernel choose
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
