@@ -13,12 +13,13 @@ GET /secret                     what must never be fetched; counted in `hits`
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections import Counter
 from typing import Any, Self
 
 from aiohttp import web
+
+from tests.procs import free_port
 
 # "Small ...": the simulated worker fills a find_in_page pattern with the word "small" (tests/test_web_browse.py).
 PAGE_1 = """<!doctype html><html><head><title>Page one</title><style>body{color:red}</style></head>
@@ -27,15 +28,10 @@ PAGE_1 = """<!doctype html><html><head><title>Page one</title><style>body{color:
 <p>Small plates on Fridays.</p></body></html>"""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class FakeSearch:
     def __init__(self, *, redirect_to: str | None = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.redirect_to = redirect_to
         self.hits: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -27,11 +26,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_server() -> Any:
@@ -158,6 +152,8 @@ class ServerProcess:
 
 def spawn(transport: str, *, redirect_to: str | None = None) -> ServerProcess:
     """Start one server without waiting for it; see ServerProcess.wait_ready."""
+    from tests.procs import free_port  # here, not at the top: this file also runs as the server script
+
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--transport", transport, "--port", str(port)]
     if redirect_to:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +18,18 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "sim-model"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Sim:
     """One sim worker process and small clients for it."""
 
     def __init__(self, *args: str):
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "backends.sim", "--port", str(self.port), *args],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -14,6 +14,7 @@ from router.tools.allowlist import AllowlistTransport, UrlAllowlist, UrlNotAllow
 from router.tools.mcp_client import MCPClientError, MCPServer, call_tool, list_tools, result_output
 from tests import mcp_servers
 from tests.mcp_servers import ServerProcess
+from tests.procs import free_port
 
 TRANSPORTS = {"streamable_http": "streamable-http", "sse": "sse"}
 
@@ -118,7 +119,7 @@ def test_timeout(server: ServerProcess) -> None:
 
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
 def test_server_down(transport: str) -> None:
-    port = mcp_servers.free_port()
+    port = free_port()
     server = MCPServer("down", f"http://127.0.0.1:{port}/mcp", transport)  # type: ignore[arg-type]
     allowlist = UrlAllowlist([f"127.0.0.1:{port}"])
     result = asyncio.run(call_tool(server, allowlist, "add", {"a": 1, "b": 2}, timeout_s=5))

@@ -15,7 +15,8 @@ from router.tools.web_search import (
     SearchResult,
     html_to_text,
 )
-from tests.fake_search import PAGE_1, FakeSearch, _free_port
+from tests.fake_search import PAGE_1, FakeSearch
+from tests.procs import free_port
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_open_page_non_text_and_http_errors(fake: FakeSearch) -> None:
 
 
 def test_backend_down() -> None:
-    b = HttpJsonSearch(f"http://127.0.0.1:{_free_port()}/search", timeout_s=2)
+    b = HttpJsonSearch(f"http://127.0.0.1:{free_port()}/search", timeout_s=2)
     with pytest.raises(SearchBackendUnavailable):
         asyncio.run(b.search("fish", max_results=3))
 

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
 
 from backends.client import WorkerClient, WorkerHTTPError, WorkerStreamBroken, WorkerStreamError, WorkerUnavailable
+from tests.procs import free_port
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -41,7 +36,7 @@ class Server:
     async def __aenter__(self) -> Server:
         self.runner = web.AppRunner(self.app)
         await self.runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(self.runner, "127.0.0.1", port).start()
         self.url = f"http://127.0.0.1:{port}"
         return self
@@ -171,7 +166,7 @@ def test_unreachable_worker_is_unavailable() -> None:
     async def main() -> None:
         client = await _client()
         with pytest.raises(WorkerUnavailable):
-            await client.post_json(f"http://127.0.0.1:{_free_port()}/echo", {})
+            await client.post_json(f"http://127.0.0.1:{free_port()}/echo", {})
         await client.close()
 
     asyncio.run(main())
