@@ -34,11 +34,10 @@ class RenderedMessages:
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
-        self._config = config = KEEP_ALL
         self._kept: dict[str, array[int]] = {}
         self._tokens = 0
         empty = Conversation.from_messages([])
-        self._start = list(encoding.render_conversation_for_completion(empty, Role.ASSISTANT, config))
+        self._start = list(encoding.render_conversation_for_completion(empty, Role.ASSISTANT, KEEP_ALL))
 
     def prompt(self, head: list[Message], rest: list[Message]) -> list[int]:
         """``render_conversation_for_completion(head + rest, assistant)``, from kept renderings.
@@ -52,7 +51,7 @@ class RenderedMessages:
         return ids
 
     def _conversation(self, messages: list[Message]) -> list[int]:
-        return list(self._encoding.render_conversation(Conversation.from_messages(messages), self._config))
+        return list(self._encoding.render_conversation(Conversation.from_messages(messages), KEEP_ALL))
 
     def _ids(self, key: str, render: Callable[[], list[int]]) -> array[int]:
         found = self._kept.get(key)
