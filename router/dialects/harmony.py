@@ -2,7 +2,7 @@
 
 The router renders the prompt itself (``render_prompt``), sends token ids to
 the worker's token-level generate endpoint with ``stop_token_ids``, and turns
-the generated ids back into normalized deltas (``HarmonyParser``).
+the generated ids back into normalized deltas (``HarmonyParser``, in harmony_parse.py).
 
 Pure: no I/O. The ``HarmonyEncoding`` is a parameter; loading it
 (``load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)``) needs
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,15 +32,13 @@ from openai_harmony import (
     Message,
     ReasoningEffort,
     Role,
-    StreamableParser,
     SystemContent,
     ToolDescription,
 )
 
-from router.dialects.deltas import Delta, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from router.dialects.harmony_parse import HarmonyParser
 from router.dialects.harmony_render import rendered_messages
 from router.protocol.errors import InvalidRequest
-from router.protocol.ids import new_id
 from router.protocol.items import Item, message_text
 
 KNOWLEDGE_CUTOFF = "2024-06"  # gpt-oss's
@@ -50,6 +48,7 @@ _EFFORT = {
 }
 _JSON = "<|constrain|>json"
 _BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.with_python_tool}
+__all__ = ["HarmonyParser", "prompt_messages", "render_prompt", "stop_token_ids"]
 
 
 # -- items -> prompt tokens ------------------------------------------------------
@@ -221,193 +220,3 @@ def _action_ends(encoding: HarmonyEncoding) -> tuple[int, int]:
     if set(encoding.stop_tokens_for_assistant_actions()) != set(ids.values()):
         raise ValueError("this harmony encoding ends assistant actions with other tokens than <|return|> and <|call|>")
     return ids["<|return|>"], ids["<|call|>"]
-
-
-# -- generated tokens -> deltas --------------------------------------------------
-
-_REASONING, _TEXT, _COMMENTARY, _TOOL, _IGNORE = range(5)
-
-
-class HarmonyParser:
-    """Generated token ids -> deltas, for one turn; wraps ``StreamableParser``.
-
-    Channels: ``analysis`` -> ReasoningDelta; ``final`` (or none) -> TextDelta;
-    ``commentary`` without a recipient -> TextDelta(phase="commentary"); any message
-    with a recipient (on any channel) -> ToolCallDelta: ``functions.X`` -> name X,
-    anything else (``browser.search``, ``python``, ``container.exec``, ...) -> name =
-    the recipient, for the tool loop to decide. Messages of other authors (a model
-    imagining a tool's answer) are ignored.
-
-    Endings: ``<|return|>`` or ``<|call|>`` end the turn at once in ``feed`` (later
-    tokens are ignored) with Finish("tool_calls") if the turn made a call, else
-    Finish("stop"). Otherwise ``finish(engine_reason)`` ends it: "length" ->
-    Finish("length"), anything else (an engine that strips the stop token, an
-    abort) -> "tool_calls" if the turn made a call, else "stop".
-    A message whose header never completed (the model wrote plain text, no channel
-    tokens) is flushed as text when it ends or at ``finish``.
-
-    Invalid sequences never raise: an error of the parser (or a bad id) stops the
-    parsing; what was produced stays, later tokens are ignored, ``done`` turns true
-    (the caller may abort the engine) and ``error`` says why; ``finish`` then ends
-    as above. Exactly one Finish is produced per parser.
-    """
-
-    def __init__(self, encoding: HarmonyEncoding) -> None:
-        self._enc = encoding
-        self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
-        self._return, self._call = _action_ends(encoding)
-        self._state = "Header"  # mirrors the parser's state; it only changes on special tokens
-        self._header: list[int] = []  # tokens of a header not yet complete
-        self._kind = _IGNORE  # what the current message's content becomes
-        self._index = -1  # the current tool call's index
-        self._calls = 0
-        self._finished = False
-        self.done = False
-        self.error: str | None = None
-
-    def feed(self, token_ids: Iterable[int]) -> list[Delta]:
-        out: list[Delta] = []
-        if self.done:
-            return out
-        parser = self._parser
-        is_special = self._enc.is_special_token
-        for token in token_ids:
-            try:
-                special = is_special(token)
-                parser.process(token)
-                if special:
-                    self._transition(token, out)
-                    if self.done:
-                        break
-                elif self._state == "Content":
-                    delta = parser.last_content_delta
-                    if delta:
-                        self._content(delta, out)
-                elif self._state == "Header":
-                    self._header.append(token)
-            except Exception as exc:  # noqa: BLE001 - garbage must never raise
-                self.error = f"{type(exc).__name__}: {exc}"
-                self.done = True
-                break
-        return _merge(out)
-
-    def finish(self, reason_from_engine: str | None = None, usage: Usage | None = None) -> list[Delta]:
-        out: list[Delta] = []
-        if not self._finished:
-            if self._state == "Header":
-                self._flush_header(out)
-            if reason_from_engine == "length":
-                out.append(Finish("length"))
-            else:
-                out.append(Finish("tool_calls" if self._calls else "stop"))
-            self._finished = self.done = True
-        if usage is not None:
-            out.append(usage)
-        return _merge(out)
-
-    # -- internals ---------------------------------------------------------
-
-    def _transition(self, token: int, out: list[Delta]) -> None:
-        before = self._state
-        self._state = state = self._parser.state_data["state"]
-        if state == "Header":
-            # <|start|> opens a header: kept in it, so a cut header is never flushed as text
-            self._header = [*self._header, token] if before == "Header" else [token]
-        elif state == "Content":
-            if before == "Header":
-                self._open(out)
-            else:  # a special token inside content is content (as openai-harmony parses it)
-                delta = self._parser.last_content_delta
-                if delta:
-                    self._content(delta, out)
-        elif before == "Header":  # a stop token ended a message that never had a header
-            self._flush_header(out)
-        if token == self._return or token == self._call:
-            self._flush_header(out)
-            out.append(Finish("tool_calls" if self._calls else "stop"))
-            self._finished = self.done = True
-
-    def _open(self, out: list[Delta]) -> None:
-        parser = self._parser
-        self._header = []
-        recipient = parser.current_recipient
-        channel = parser.current_channel
-        if parser.current_role != Role.ASSISTANT:
-            kind = _IGNORE
-        elif recipient:
-            kind = _TOOL
-        elif channel == "analysis":
-            kind = _REASONING
-        elif channel == "commentary":
-            kind = _COMMENTARY
-        else:
-            kind = _TEXT
-        self._kind = kind
-        if kind == _TOOL:
-            self._index = self._calls
-            self._calls += 1
-            name = recipient[len("functions.") :] if recipient.startswith("functions.") else recipient
-            out.append(ToolCallDelta(self._index, new_id("call"), name))
-
-    def _content(self, text: str, out: list[Delta]) -> None:
-        kind = self._kind
-        if kind == _TOOL:
-            out.append(ToolCallDelta(self._index, arguments=text))
-        elif kind == _REASONING:
-            out.append(ReasoningDelta(text))
-        elif kind == _TEXT:
-            out.append(TextDelta(text))
-        elif kind == _COMMENTARY:
-            out.append(TextDelta(text, phase="commentary"))
-
-    def _flush_header(self, out: list[Delta]) -> None:
-        """A header that never completed: plain text if it holds no special token, else dropped."""
-        tokens, self._header = self._header, []
-        if tokens and not any(self._enc.is_special_token(t) for t in tokens):
-            try:
-                text = self._enc.decode(tokens)
-            except Exception:  # noqa: BLE001 - an id outside the vocabulary
-                return
-            if text:
-                out.append(TextDelta(text))
-
-
-def _merge(deltas: list[Delta]) -> list[Delta]:
-    """Adjacent fragments of the same kind as one delta: fewer events per upstream read."""
-    if len(deltas) < 2:
-        return deltas
-    out: list[Delta] = []
-    run: list[str] = []  # texts of a run of mergeable deltas, joined once
-    head: Delta | None = None  # the run's first delta
-    for delta in deltas:
-        if head is not None and _joins(head, delta):
-            run.append(delta.arguments if type(delta) is ToolCallDelta else delta.text)  # type: ignore[union-attr]
-            continue
-        if head is not None:
-            out.append(_joined(head, run))
-        head, run = delta, []
-    if head is not None:
-        out.append(_joined(head, run))
-    return out
-
-
-def _joins(head: Delta, delta: Delta) -> bool:
-    kind = type(delta)
-    if kind is not type(head):
-        return False
-    if kind is TextDelta:
-        return delta.phase == head.phase and not delta.logprobs and not head.logprobs  # type: ignore[union-attr]
-    if kind is ToolCallDelta:
-        return delta.index == head.index and delta.call_id is None and delta.name is None  # type: ignore[union-attr]
-    return kind is ReasoningDelta
-
-
-def _joined(head: Delta, run: list[str]) -> Delta:
-    if not run:
-        return head
-    if type(head) is TextDelta:
-        return TextDelta(head.text + "".join(run), phase=head.phase)
-    if type(head) is ReasoningDelta:
-        return ReasoningDelta(head.text + "".join(run))
-    assert type(head) is ToolCallDelta
-    return ToolCallDelta(head.index, head.call_id, head.name, head.arguments + "".join(run))

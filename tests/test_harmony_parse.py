@@ -1,0 +1,198 @@
+"""router/dialects/harmony_parse.py's HarmonyParser against the reference built on
+openai-harmony's StreamableParser (tests/harmony_oracle.py), with the real encoding.
+
+Both parsers get the same token ids in the same chunks, then ``finish(reason)``; each
+``feed`` / ``finish`` must give the same deltas (tool call ids masked: they are random),
+the same ``done``, and both must agree on whether an error stopped them. Streams are
+well-formed harmony (any channel, recipient, content type, content split anywhere in its
+UTF-8, other authors' messages, every ending) or garbage: header text from an alphabet
+of odd words, white space and markers, special ids anywhere, ids outside the vocabulary
+and ids that are no u32, plain bytes that are no UTF-8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+
+from router.dialects.deltas import Delta, ToolCallDelta
+from router.dialects.harmony_parse import HarmonyParser
+from tests.harmony_oracle import OracleParser
+
+Piece = tuple[str, object]  # ("special" | "plain", text), ("bytes", bytes) or ("ids", list[int])
+
+
+@pytest.fixture(scope="session")
+def enc(harmony_vocab: Path) -> HarmonyEncoding:
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@pytest.fixture(scope="session")
+def byte_ids(enc: HarmonyEncoding) -> dict[int, int]:
+    """byte value -> the token of that one byte (to split UTF-8 anywhere)."""
+    out: dict[int, int] = {}
+    for token in range(256):
+        data = enc.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
+        if len(data) == 1:
+            out[data[0]] = token
+    assert len(out) == 256
+    return out
+
+
+# -- streams ------------------------------------------------------------------------
+
+SPECIALS = ["<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>"]
+SPECIAL_IDS = [199998, 199999, 200000, 200001, 200002, 200003, 200004, 200005, 200006, 200007, 200008, 200012, 201087]
+CHANNELS = st.sampled_from([None, "analysis", "final", "commentary", "commentary.x", "analysis<"])
+RECIPIENTS = st.sampled_from([None, None, None, "functions.get_weather", "functions.x", "browser.search", "python", "assistant", ""])
+CONSTRAINS = st.sampled_from(["", " <|constrain|>json", "<|constrain|>json", " json", " code", " <|constrain|>"])
+ROLES = st.sampled_from(["assistant"] * 6 + ["user", "tool", "system", "developer", "functions.x", "browser.search", "Assistant"])
+ENDINGS = st.sampled_from(["<|end|>", "<|return|>", "<|call|>", ""])
+CONTENT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=16) | st.sampled_from(["héllo wörld", "日本語のテキスト", "🙂🚀 ok", '{"q": "ü"}'])
+# header words, white space Rust and Python disagree on (\x0b \x1c \x85 \u3000), markers
+HEADER_WORDS = st.sampled_from([
+    "assistant", "user", "tool", "developer", "Assistant", "foo", "to=", "to=functions.f", "functions.f", "json", "analysis",
+    "final", "commentary", " ", "  ", "\t", "\n", "\x0b", "\x1c", "\x85", "\u3000", "<", "<|channel|>", "<|constrain|>",
+    "<|start|>", "x", "é", "to=a b",
+])
+
+
+@st.composite
+def header(draw: st.DrawFn, first: bool) -> str:
+    """A well-formed header, the recipient before or after the channel (role omitted when
+    the prompt gave it)."""
+    role = draw(st.sampled_from(["", "", "", "assistant", "user"])) if first else draw(ROLES)
+    channel, recipient = draw(CHANNELS), draw(RECIPIENTS)
+    constrain = draw(CONSTRAINS) if recipient is not None or draw(st.sampled_from([False] * 5 + [True])) else ""
+    to = f" to={recipient}" if recipient is not None else ""
+    chan = f"<|channel|>{channel}" if channel is not None else ""
+    if draw(st.booleans()):
+        return f"{role}{to}{chan}{constrain}"
+    return f"{role}{chan}{to}{constrain}"
+
+
+@st.composite
+def content(draw: st.DrawFn) -> list[Piece]:
+    """Text tokenized as the model would, or byte by byte (UTF-8 split across tokens), or
+    bytes that are no UTF-8."""
+    text = draw(CONTENT)
+    how = draw(st.sampled_from(["tokens", "bytes", "bad"]))
+    if how == "tokens":
+        return [("plain", text)]
+    data = text.encode()
+    if how == "bad":
+        data = draw(st.binary(max_size=6)) + data[: draw(st.integers(0, len(data)))] + draw(st.binary(max_size=3))
+    return [("bytes", data)]
+
+
+@st.composite
+def message(draw: st.DrawFn, first: bool) -> list[Piece]:
+    start = [] if first else [("special", "<|start|>")]
+    if draw(st.sampled_from(["well-formed"] * 4 + ["fuzz"])) == "well-formed":
+        head = draw(header(first))
+    else:
+        head = "".join(draw(st.lists(HEADER_WORDS, min_size=1, max_size=6)))
+    body = draw(content())
+    return [*start, ("special", head), ("special", "<|message|>"), *body, ("special", draw(ENDINGS))]
+
+
+@st.composite
+def garbage(draw: st.DrawFn) -> list[Piece]:
+    """Special ids anywhere, words, plain and odd ids, a header cut short."""
+    ids = st.one_of(
+        st.sampled_from(SPECIAL_IDS),
+        st.integers(0, 199997),
+        st.integers(201088, 2**32 - 1),  # outside the vocabulary
+        st.sampled_from([-1, 2**32, 2**40]),  # no u32
+    )
+    return draw(st.lists(
+        st.tuples(st.just("ids"), st.lists(ids, min_size=1, max_size=3))
+        | st.tuples(st.just("special"), st.sampled_from(SPECIALS))
+        | st.tuples(st.just("special"), HEADER_WORDS)
+        | content().map(lambda pieces: pieces[0]),
+        max_size=5,
+    ))
+
+
+@st.composite
+def stream(draw: st.DrawFn) -> list[Piece]:
+    """Messages (the first in the header the prompt opened), garbage between them sometimes,
+    the last one maybe cut anywhere."""
+    pieces: list[Piece] = []
+    for i in range(draw(st.integers(1, 4))):
+        pieces += draw(message(first=i == 0))
+        if draw(st.sampled_from([False] * 5 + [True])):
+            pieces += draw(garbage())
+    if draw(st.booleans()):
+        pieces = pieces[: draw(st.integers(0, len(pieces)))]
+    return pieces
+
+
+def token_ids(enc: HarmonyEncoding, byte_ids: dict[int, int], pieces: list[Piece]) -> list[int]:
+    ids: list[int] = []
+    for kind, value in pieces:
+        if kind == "special":  # header text: markers as special tokens
+            ids += enc.encode(str(value), allowed_special="all")
+        elif kind == "plain":  # content: markers as plain text
+            ids += enc.encode(str(value), disallowed_special=())
+        elif kind == "bytes":
+            ids += [byte_ids[b] for b in bytes(value)]  # type: ignore[arg-type]
+        else:
+            ids += list(value)  # type: ignore[call-overload]
+    return ids
+
+
+# -- comparison ---------------------------------------------------------------------
+
+
+def masked(deltas: list[Delta]) -> list[Delta]:
+    return [
+        dataclasses.replace(d, call_id="call_*") if type(d) is ToolCallDelta and d.call_id is not None else d
+        for d in deltas
+    ]
+
+
+def run(parser: HarmonyParser | OracleParser, ids: list[int], cuts: list[int], reason: str | None) -> list[object]:
+    """Each call's deltas and ``done``, then whether an error stopped it."""
+    seen: list[object] = []
+    for a, b in zip([0, *cuts], [*cuts, len(ids)]):
+        seen.append((masked(parser.feed(ids[a:b])), parser.done))
+    seen.append((masked(parser.finish(reason)), parser.done))
+    seen.append(parser.error is None)
+    return seen
+
+
+def same_as_oracle(enc: HarmonyEncoding, ids: list[int], cuts: list[int], reason: str | None) -> None:
+    expected = run(OracleParser(enc), ids, cuts, reason)
+    assert run(HarmonyParser(enc), ids, cuts, reason) == expected, ids
+
+
+REASONS = st.sampled_from([None, "stop", "length", "abort"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream(), REASONS, st.data())
+@example([("special", "<|channel|>analysis"), ("special", "<|message|>"), ("bytes", b"\xe2\x82A\xff\xffb"), ("special", "<|end|>")], "stop", None)
+@example([("special", "a b c"), ("special", "<|message|>")], "stop", None)  # rejected first header: flushed as text
+@example([("special", "<|start|>to=functions.f"), ("special", "<|message|>"), ("plain", "x")], None, None)
+@example([("plain", "<|channel|> x"), ("special", "<|end|>")], "stop", None)  # a textual marker, no channel
+@example([("special", "x"), ("ids", [300000]), ("special", "<|end|>")], "stop", None)
+@example([("special", "<|message|>"), ("plain", "a"), ("ids", [300000]), ("plain", "b"), ("special", "<|end|><|start|>")], None, None)
+def test_same_deltas_as_streamable_parser(
+    enc: HarmonyEncoding, byte_ids: dict[int, int], pieces: list[Piece], reason: str | None, data: st.DataObject | None
+) -> None:
+    ids = token_ids(enc, byte_ids, pieces)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=5))) if data else []
+    same_as_oracle(enc, ids, cuts, reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(SPECIAL_IDS) | st.integers(0, 600) | st.integers(199990, 201100), max_size=40), REASONS, st.data())
+def test_same_on_random_ids(enc: HarmonyEncoding, ids: list[int], reason: str | None, data: st.DataObject) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=5)))
+    same_as_oracle(enc, ids, cuts, reason)
