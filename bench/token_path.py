@@ -1,6 +1,6 @@
 """Instructions per streamed token on the router's own path, in one process: an A/B in a minute.
 
-    .venv/bin/python bench/token_path.py [--baseline REV] [--tokens 5000]
+    .venv/bin/python bench/token_path.py [--baseline REV] [--tokens 5000] [--reasoning]
 
 ``bench/instructions.py`` counts a whole router under callgrind (minutes, and
 the stream's start and end spread over its tokens). This counts only the
@@ -10,7 +10,9 @@ SSE encoder and the router's chunk writer, with stand-in transports instead of
 sockets (so no syscalls, and no uvloop). Each token is one read of one HTTP
 chunk of one SSE frame, as a paced worker sends it. Counted by callgrind
 around ``map``'s calls of ``data_received``, so start-up is left out.
-``--run N`` runs the path natively instead (what tests/test_token_path.py does).
+``--reasoning``: every chunk is a piece of reasoning (``"delta":{"reasoning":...}``, as
+vLLM 0.32 writes it), not of the answer. ``--run N`` runs the path natively
+instead (what tests/test_token_path.py does).
 """
 
 from __future__ import annotations
@@ -67,16 +69,17 @@ class Worker:
         pass
 
 
-def frames(n: int) -> list[bytes]:
-    """``n`` worker reads: each one HTTP chunk holding one SSE frame of one plain text chunk."""
+def frames(n: int, reasoning: bool = False) -> list[bytes]:
+    """``n`` worker reads: each one HTTP chunk holding one SSE frame of one plain text (or reasoning) chunk."""
+    head = HEAD.replace(b'"content"', b'"reasoning"') if reasoning else HEAD
     out = []
     for i in range(n):
-        sse = b"data: " + HEAD + WORDS[i % len(WORDS)] + TAIL + b"\n\n"
+        sse = b"data: " + head + WORDS[i % len(WORDS)] + TAIL + b"\n\n"
         out.append(b"%x\r\n%s\r\n" % (len(sse), sse))
     return out
 
 
-async def stream(n: int) -> list[bytes]:
+async def stream(n: int, reasoning: bool = False) -> list[bytes]:
     """Runs ``n`` tokens through the path; returns what reached the client's socket."""
     from backends.client import SSEStream
     from backends.wire import Connection
@@ -115,21 +118,21 @@ async def stream(n: int) -> list[bytes]:
     pushing = sse.push(on_batch, turn.decode) if hasattr(turn, "decode") else sse.push(on_batch)
     consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
     await asyncio.sleep(0)  # the reader is attached and waiting
-    reads = frames(n)
+    reads = frames(n, reasoning)
     list(map(conn.data_received, reads))  # callgrind counts inside map's calls only
     consumer.cancel()
     return socket.writes
 
 
-def run(n: int) -> list[bytes]:
+def run(n: int, reasoning: bool = False) -> list[bytes]:
     import uvloop
-    return uvloop.run(stream(n))
+    return uvloop.run(stream(n, reasoning))
 
 
-def count(src: Path, n: int) -> float:
+def count(src: Path, n: int, reasoning: bool) -> float:
     """Instructions per token for the tree at ``src``."""
     cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=map_next", "--callgrind-out-file=/dev/null",
-           sys.executable, str(Path(__file__).resolve()), "--run", str(n)]
+           sys.executable, str(Path(__file__).resolve()), "--run", str(n), *(["--reasoning"] if reasoning else [])]
     done = subprocess.run(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
     for line in done.stderr.splitlines():
         if "Collected :" in line:
@@ -141,17 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", help="also count this git revision, and print the ratio")
     p.add_argument("--tokens", type=int, default=5000)
+    p.add_argument("--reasoning", action="store_true", help="reasoning chunks instead of answer text")
     p.add_argument("--run", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.run:
-        writes = run(args.run)
+        writes = run(args.run, args.reasoning)
         return 0 if len(writes) >= args.run else 1
-    rows = {"working tree": count(ROOT, args.tokens)}
+    rows = {"working tree": count(ROOT, args.tokens, args.reasoning)}
     if args.baseline:
         from bench.procs import export_rev
         src = export_rev(args.baseline, Path(tempfile.mkdtemp(prefix="responses-router-token-path-")))
-        rows[f"baseline {args.baseline}"] = count(src, args.tokens)
-    print("| router | instructions / streamed token (in-process path) |")
+        rows[f"baseline {args.baseline}"] = count(src, args.tokens, args.reasoning)
+    kind = "reasoning" if args.reasoning else "streamed"
+    print(f"| router | instructions / {kind} token (in-process path) |")
     print("|---|---:|")
     for name, value in rows.items():
         print(f"| {name} | {value:,.0f} |")

@@ -1,7 +1,8 @@
-"""ChunkDecoder against parsing: whatever bytes come, it reads what orjson and text_only read.
+"""ChunkDecoder against parsing: whatever bytes come, it reads what orjson, text_only and
+reasoning_only read.
 
-The decoder slices a plain text chunk's content out of bytes it recognizes instead of
-parsing them. These properties feed it streams of chunks written the ways engines
+The decoder slices a plain text (or reasoning) chunk's text out of bytes it recognizes
+instead of parsing them. These properties feed it streams of chunks written the ways engines
 write them (compact, spaced, ASCII-escaped), and payloads made from a learned
 head and tail with any bytes between them: quotes, backslashes, control
 characters, invalid UTF-8.
@@ -17,8 +18,9 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router.dialects.chat_chunks import NOT_AN_OBJECT, ChunkDecoder, chunk_object, text_only
-from tests.test_fast_path import any_chunk, edge_chunk, plain_chunk
+from router.dialects.chat_chunks import NOT_AN_OBJECT, ChunkDecoder, chunk_object, reasoning_only, text_only
+from router.dialects.deltas import ReasoningText
+from tests.test_fast_path import any_chunk, edge_chunk, plain_chunk, reasoning_chunk, reasoning_edge
 
 
 def reference(payload: bytes) -> tuple[str, Any]:
@@ -28,7 +30,10 @@ def reference(payload: bytes) -> tuple[str, Any]:
     except ValueError as exc:
         return type(exc).__name__, str(exc)
     text = text_only(chunk)
-    return ("text", text) if text is not None else ("chunk", chunk)
+    if text is not None:
+        return "text", text
+    reasoning = reasoning_only(chunk)
+    return ("reasoning", reasoning) if reasoning is not None else ("chunk", chunk)
 
 
 def decoded(decoder: ChunkDecoder, payload: bytes) -> tuple[str, Any]:
@@ -36,6 +41,8 @@ def decoded(decoder: ChunkDecoder, payload: bytes) -> tuple[str, Any]:
         out = decoder.decode(payload)
     except ValueError as exc:
         return type(exc).__name__, str(exc)
+    if type(out) is ReasoningText:
+        return "reasoning", str(out)
     return ("text", out) if type(out) is str else ("chunk", out)
 
 
@@ -45,8 +52,8 @@ writers = st.sampled_from([
     lambda c: json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode(),
     lambda c: json.dumps(c, separators=(",", ":")).encode() + b" ",
 ])
-chunk = st.one_of(plain_chunk, plain_chunk, plain_chunk, edge_chunk, any_chunk,
-                  st.sampled_from([[], "x", 5, None, {"choices": "a"}, {"content": "x"}]))
+chunk = st.one_of(plain_chunk, plain_chunk, plain_chunk, edge_chunk, any_chunk, reasoning_chunk, reasoning_chunk,
+                  reasoning_edge, st.sampled_from([[], "x", 5, None, {"choices": "a"}, {"content": "x"}]))
 junk = st.sampled_from([b"", b"{", b'"text"', b"[1]", b"{\xff}", b'{"a": 1} }', b"nul"])
 
 
@@ -61,19 +68,25 @@ HEAD = b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model"
 TAIL = b'"},"logprobs":null,"finish_reason":null}]}'
 
 
+RHEADS = [HEAD.replace(b'"content"', key) for key in (b'"reasoning"', b'"reasoning_content"')]
+
+
 @settings(max_examples=600, deadline=None)
 @given(st.lists(st.one_of(st.binary(max_size=6), st.text(max_size=4).map(str.encode),
                           st.sampled_from([b'"', b"\\", b'\\"', b"\\n", b"\\u0041", b"\n", b"\x00", b"\xe2\x82",
-                                           b'","finish_reason":"stop', b'"},"x":{"content":"y'])),
-                min_size=1, max_size=8))
-@example([b"a", b'\\"'])
-@example([b"a", b'"},"logprobs":null,"finish_reason":"stop"}]}{"x":"'])
-def test_any_bytes_between_a_learned_head_and_tail_read_as_parsed(contents: list[bytes]) -> None:
+                                           b'","finish_reason":"stop', b'"},"x":{"content":"y',
+                                           b'","content":"y', b'","reasoning_content":"y'])),
+                min_size=1, max_size=8), st.sampled_from([HEAD, *RHEADS]))
+@example([b"a", b'\\"'], HEAD)
+@example([b"a", b'"},"logprobs":null,"finish_reason":"stop"}]}{"x":"'], HEAD)
+@example([b"a", b'","content":"y'], RHEADS[0])
+def test_any_bytes_between_a_learned_head_and_tail_read_as_parsed(contents: list[bytes], head: bytes) -> None:
     decoder = ChunkDecoder()
-    assert decoder.decode(HEAD + b"learned" + TAIL) == "learned"
-    assert decoder.learned == (HEAD, TAIL)
+    first = decoder.decode(head + b"learned" + TAIL)
+    assert first == "learned" and (type(first) is str) == (head == HEAD)
+    assert (decoder.learned if head == HEAD else decoder.learned_reasoning) == (head, TAIL)
     for content in contents:
-        payload = HEAD + content + TAIL
+        payload = head + content + TAIL
         assert decoded(decoder, payload) == reference(payload)
 
 
@@ -109,3 +122,15 @@ def test_a_payload_that_is_not_an_object_is_an_error_not_text() -> None:
             assert str(exc) == NOT_AN_OBJECT
         else:
             raise AssertionError(f"{payload!r} was read")
+
+
+def test_learned_reasoning_skips_the_parser_and_keeps_text_apart() -> None:
+    decoder = ChunkDecoder()
+    for head in RHEADS[:1] + [HEAD] + RHEADS[:1]:  # reasoning, then the answer, read the fast way once learned
+        decoder.decode(head + b"x" + TAIL)
+    assert decoder.learned_reasoning == (RHEADS[0], TAIL) and decoder.learned == (HEAD, TAIL)
+    with mock.patch("router.dialects.chat_chunks.chunk_object", wraps=chunk_object) as parse:
+        thought = decoder.decode(RHEADS[0] + "hmm—".encode() + TAIL)
+        answer = decoder.decode(HEAD + b"yes" + TAIL)
+        assert parse.call_count == 0
+    assert (thought, type(thought), answer, type(answer)) == ("hmm—", ReasoningText, "yes", str)

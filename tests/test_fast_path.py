@@ -71,6 +71,25 @@ plain_chunk = st.one_of(text.filter(bool), text).map(lambda t: {**HEAD, "choices
                                                         "finish_reason": None}]})
 
 
+reasoning_chunk = st.builds(lambda t, key: {**HEAD, "choices": [{"index": 0, "delta": {key: t}, "logprobs": None,
+                                                                  "finish_reason": None}]},
+                            st.one_of(text.filter(bool), text), st.sampled_from(["reasoning", "reasoning_content"]))
+
+
+def nudged_reasoning(thought: str, key: str, other: str, value: Any) -> dict[str, Any]:
+    """A plain reasoning chunk with one field more: the reasoning fast path's edge."""
+    chunk = {**HEAD, "choices": [{"index": 0, "delta": {key: thought}, "logprobs": None, "finish_reason": None}]}
+    target = chunk if other == "usage" else chunk["choices"][0] if other in ("logprobs", "finish_reason") else chunk["choices"][0]["delta"]
+    target[other] = value
+    return chunk
+
+
+reasoning_edge = st.builds(
+    nudged_reasoning, nonempty, st.sampled_from(["reasoning", "reasoning_content"]),
+    st.sampled_from(["content", "refusal", "reasoning", "reasoning_content", "role", "finish_reason", "logprobs", "usage"]),
+    st.one_of(nonempty, st.none(), st.integers(0, 1), st.just(["x"]), logprobs, finish_reason))
+
+
 def nudged(content: str, where: str, key: str, value: Any) -> dict[str, Any]:
     """A plain text chunk with one thing more: the shapes right at the fast path's edge."""
     chunk = {**HEAD, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}]}
@@ -88,7 +107,8 @@ edge_chunk = st.one_of(
     st.builds(nudged, nonempty, st.just("delta"), st.just("tool_calls"), st.one_of(st.none(), st.lists(tool_fragment, max_size=2))),
 )
 junk = st.sampled_from([[], "x", 5, {"choices": "a"}, {"choices": [5]}, {"choices": [{"delta": "a"}]}])
-chunk = st.one_of(*[plain_chunk] * 3, *[edge_chunk] * 4, *[any_chunk] * 2, junk)  # weights: one_of picks evenly
+chunk = st.one_of(*[plain_chunk] * 3, *[edge_chunk] * 4, *[any_chunk] * 2, *[reasoning_chunk] * 2, reasoning_edge,
+                  junk)  # weights: one_of picks evenly
 batches = st.lists(st.lists(chunk, min_size=1, max_size=3), min_size=2, max_size=12)
 
 
@@ -302,3 +322,14 @@ def test_reader_holds_what_the_writer_refuses_and_keeps_the_order() -> None:
     assert on_batch([plain("c")]) is False  # the writer would take it, but "b" is still waiting
     assert [e["delta"] for e in written[0] if "delta" in e] == ["a"]
     assert [[e["delta"] for e in batch] for batch in held] == [["b"], ["c"]]
+
+
+OPEN_REASONING = [{**HEAD, "choices": [{"index": 0, "delta": {"reasoning": "a"}}]}]  # a reasoning item is open after this
+
+
+@settings(max_examples=300, deadline=None)
+@given(reasoning_edge, st.lists(st.one_of(reasoning_chunk, plain_chunk), max_size=3))
+def test_chunks_at_the_edge_of_the_reasoning_fast_path(edge: Any, more: list[Any]) -> None:
+    """Plain reasoning with one thing more, read alone while a reasoning item is open."""
+    stream = [OPEN_REASONING, [edge], *([chunk] for chunk in more)]
+    assert play(stream, False, fast=True) == play(stream, False, fast=False)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from router.dialects.chat_chunks import NOT_AN_OBJECT, ChunkDecoder, chunk_object
-from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, ReasoningText, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.dialects.think import ThinkSplitter
 from router.protocol.errors import InvalidRequest
 from router.protocol.ids import new_id
@@ -264,12 +264,15 @@ class ChatTurn:
         return out
 
     def chunk(self, chunk: dict[str, Any] | str) -> list[Delta]:
-        """One streamed ``chat.completion.chunk``, or the text of a plain text one (from ``decode``)."""
+        """One streamed ``chat.completion.chunk``, or the text of a plain text or reasoning one (from ``decode``)."""
         out: list[Delta] = []
         if type(chunk) is not dict:
-            if type(chunk) is not str:
+            if type(chunk) is str:
+                self._message({"content": chunk}, None, out)
+            elif type(chunk) is ReasoningText:
+                out.append(ReasoningDelta(str(chunk)))
+            else:
                 raise ValueError(NOT_AN_OBJECT)
-            self._message({"content": chunk}, None, out)
             return out
         for choice in chunk.get("choices") or ():
             self._message(choice.get("delta") or {}, choice.get("logprobs"), out)

@@ -34,6 +34,18 @@ class ReasoningDelta:
     text: str
 
 
+class ReasoningText(str):
+    """A chunk that is nothing but a piece of reasoning, read as its text without a delta.
+
+    A dialect's ``decode`` gives a plain ``str`` for a piece of the answer and this for
+    a piece of reasoning: the runner's per-token fast paths (``Assembler.text`` and
+    ``Assembler.reasoning``) tell them apart by type. Anywhere else it is the same as
+    ``ReasoningDelta(text)``.
+    """
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class RefusalDelta:
     text: str

@@ -102,6 +102,20 @@ class Assembler:
         self._seq += 1
         return [event]
 
+    def reasoning(self, text: str) -> list[Event] | None:
+        """``feed([ReasoningDelta(text)])`` for non-empty ``text`` when a reasoning item is open
+        (every piece of a streamed chain of thought but the first), else None: then ``feed`` it.
+        The per-token fast path for reasoning, as ``text`` is for the answer."""
+        item = self._open
+        if type(item) is not ReasoningItem:
+            return None
+        item.chunks.append(text)
+        event = item.delta_event.copy()
+        event["delta"] = text
+        event["sequence_number"] = self._seq
+        self._seq += 1
+        return [event]
+
     def close_turn(self) -> list[Event]:
         """End one model turn: close every open item; returns the closing events."""
         events: list[Event] = []

@@ -147,7 +147,10 @@ class ReasoningItem(OpenItem):
         super().__init__(sink, index, {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
         self._summaries = summaries
         self._seal = seal
-        self._chunks: list[str] = []
+        self.chunks: list[str] = []
+        # The delta event, its delta and number still to set: copied per piece of reasoning, here and
+        # in Assembler.reasoning (the runner's per-token fast path).
+        self.delta_event: Event = {"type": "response.reasoning_text.delta", **self._base(0), "delta": "", "sequence_number": 0}
 
     def announce(self, events: list[Event]) -> None:
         super().announce(events)
@@ -156,11 +159,13 @@ class ReasoningItem(OpenItem):
         events.append(self.sink.event({"type": "response.content_part.added", **self._base(0), "part": dict(part)}))
 
     def add(self, text: str, events: list[Event]) -> None:
-        self._chunks.append(text)
-        events.append(self.sink.event({"type": "response.reasoning_text.delta", **self._base(0), "delta": text}))
+        self.chunks.append(text)
+        event = self.delta_event.copy()
+        event["delta"] = text
+        events.append(self.sink.event(event))
 
     def close(self, events: list[Event], status: str) -> None:
-        text = "".join(self._chunks)
+        text = "".join(self.chunks)
         part = self.item["content"][0]
         part["text"] = text
         base = self._base(0)
@@ -183,7 +188,7 @@ class ReasoningItem(OpenItem):
         events.append(self.sink.event({"type": "response.reasoning_summary_part.done", **base, "part": dict(summary)}))
 
     def abandon(self) -> None:
-        self.item["content"][0]["text"] = "".join(self._chunks)
+        self.item["content"][0]["text"] = "".join(self.chunks)
         super().abandon()
 
 
