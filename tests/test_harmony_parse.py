@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+from openai_harmony import HarmonyEncoding, HarmonyEncodingName, HarmonyError, Role, StreamableParser, load_harmony_encoding
 
 from router.dialects.deltas import Delta, ToolCallDelta
-from router.dialects.harmony_parse import HarmonyParser
+from router.dialects.harmony_parse import HarmonyParser, ParseError, _parse_header
 from tests.harmony_oracle import OracleParser
 
 Piece = tuple[str, object]  # ("special" | "plain", text), ("bytes", bytes) or ("ids", list[int])
@@ -51,8 +51,10 @@ SPECIAL_IDS = [199998, 199999, 200000, 200001, 200002, 200003, 200004, 200005, 2
 CHANNELS = st.sampled_from([None, "analysis", "final", "commentary", "commentary.x", "analysis<"])
 RECIPIENTS = st.sampled_from([None, None, None, "functions.get_weather", "functions.x", "browser.search", "python", "assistant", ""])
 CONSTRAINS = st.sampled_from(["", " <|constrain|>json", "<|constrain|>json", " json", " code", " <|constrain|>"])
-ROLES = st.sampled_from(["assistant"] * 6 + ["user", "tool", "system", "developer", "functions.x", "browser.search", "Assistant"])
-ENDINGS = st.sampled_from(["<|end|>", "<|return|>", "<|call|>", ""])
+ROLES = st.sampled_from(
+    ["assistant"] * 6 + ["user", "tool", "system", "developer", "functions.x", "browser.search", "Assistant", "to=functions.x"]
+)
+ENDINGS = st.sampled_from(["<|end|>"] * 4 + ["<|return|>", "<|call|>", ""])  # <|end|>: more messages follow
 CONTENT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=16) | st.sampled_from(["héllo wörld", "日本語のテキスト", "🙂🚀 ok", '{"q": "ü"}'])
 # header words, white space Rust and Python disagree on (\x0b \x1c \x85 \u3000), markers
 HEADER_WORDS = st.sampled_from([
@@ -81,11 +83,13 @@ def content(draw: st.DrawFn) -> list[Piece]:
     """Text tokenized as the model would, or byte by byte (UTF-8 split across tokens), or
     bytes that are no UTF-8."""
     text = draw(CONTENT)
-    how = draw(st.sampled_from(["tokens", "bytes", "bad"]))
+    how = draw(st.sampled_from(["tokens", "bytes", "cut", "bad"]))
     if how == "tokens":
         return [("plain", text)]
     data = text.encode()
-    if how == "bad":
+    if how == "cut":  # maybe inside a character
+        data = data[: draw(st.integers(1, len(data)))]
+    elif how == "bad":
         data = draw(st.binary(max_size=6)) + data[: draw(st.integers(0, len(data)))] + draw(st.binary(max_size=3))
     return [("bytes", data)]
 
@@ -121,15 +125,12 @@ def garbage(draw: st.DrawFn) -> list[Piece]:
 
 @st.composite
 def stream(draw: st.DrawFn) -> list[Piece]:
-    """Messages (the first in the header the prompt opened), garbage between them sometimes,
-    the last one maybe cut anywhere."""
+    """Messages (the first in the header the prompt opened), garbage between them sometimes."""
     pieces: list[Piece] = []
     for i in range(draw(st.integers(1, 4))):
         pieces += draw(message(first=i == 0))
         if draw(st.sampled_from([False] * 5 + [True])):
             pieces += draw(garbage())
-    if draw(st.booleans()):
-        pieces = pieces[: draw(st.integers(0, len(pieces)))]
     return pieces
 
 
@@ -179,7 +180,11 @@ REASONS = st.sampled_from([None, "stop", "length", "abort"])
 @given(stream(), REASONS, st.data())
 @example([("special", "<|channel|>analysis"), ("special", "<|message|>"), ("bytes", b"\xe2\x82A\xff\xffb"), ("special", "<|end|>")], "stop", None)
 @example([("special", "a b c"), ("special", "<|message|>")], "stop", None)  # rejected first header: flushed as text
-@example([("special", "<|start|>to=functions.f"), ("special", "<|message|>"), ("plain", "x")], None, None)
+@example([("special", "<|message|>x<|end|><|start|>user to=x"), ("special", "")], "stop", None)  # cut: not text
+@example([("special", "\x0bassistant\x0b<|channel|>final\x0b<|message|>x<|end|><|start|>\x0bAssistant\x0b to=x<|message|>y")], None, None)
+@example([("special", "<|channel|>analysis\x85<|message|>x")], None, None)  # U+0085 ends a channel name
+@example([("special", "<|message|>x<|end|><|start|>to=functions.f<|message|>x<|end|><|start|>assistant<|message|>y")], None, None)
+@example([("special", "<|message|>"), ("bytes", "é".encode()[:1]), ("special", "<|end|><|start|>assistant<|message|>"), ("plain", "x")], None, None)
 @example([("plain", "<|channel|> x"), ("special", "<|end|>")], "stop", None)  # a textual marker, no channel
 @example([("special", "x"), ("ids", [300000]), ("special", "<|end|>")], "stop", None)
 @example([("special", "<|message|>"), ("plain", "a"), ("ids", [300000]), ("plain", "b"), ("special", "<|end|><|start|>")], None, None)
@@ -187,6 +192,8 @@ def test_same_deltas_as_streamable_parser(
     enc: HarmonyEncoding, byte_ids: dict[int, int], pieces: list[Piece], reason: str | None, data: st.DataObject | None
 ) -> None:
     ids = token_ids(enc, byte_ids, pieces)
+    if data and data.draw(st.booleans()):  # cut anywhere (a big range: hypothesis prefers small ints)
+        ids = ids[: data.draw(st.integers(0, 2**20)) % (len(ids) + 1)]
     cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=5))) if data else []
     same_as_oracle(enc, ids, cuts, reason)
 
@@ -196,3 +203,26 @@ def test_same_deltas_as_streamable_parser(
 def test_same_on_random_ids(enc: HarmonyEncoding, ids: list[int], reason: str | None, data: st.DataObject) -> None:
     cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=5)))
     same_as_oracle(enc, ids, cuts, reason)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(HEADER_WORDS, max_size=8).map("".join), st.booleans())
+@example("assistant<|channel|>x<|constrain|>json", False)
+@example("foo to=a", False)
+def test_headers_parse_as_streamable_parser(enc: HarmonyEncoding, text: str, first: bool) -> None:
+    """Role, channel and recipient of a header, or its rejection, exactly as StreamableParser's."""
+    reference = StreamableParser(enc, Role.ASSISTANT if first else None, strict=False)
+    try:
+        for token in enc.encode(text if first else "<|start|>" + text, allowed_special="all"):
+            reference.process(token)
+        reference.process(enc.encode("<|message|>", allowed_special="all")[0])
+        role = reference.current_role
+        expected: object = (role and role.value, reference.current_channel, reference.current_recipient)
+    except HarmonyError:
+        expected = "rejected"
+    try:
+        header = _parse_header(text, first)
+        got: object = (header.role, header.channel, header.recipient)
+    except ParseError:
+        got = "rejected"
+    assert got == expected

@@ -5,7 +5,7 @@ when it is built and on each header token (~4M instructions per response), so th
 module parses the tokens itself, reproducing what ``StreamableParser(encoding,
 Role.ASSISTANT, strict=False)`` reports: its states (Header / Content / ExpectStart),
 its header grammar (``_parse_header``, ``_cut_channel``) and its content deltas (the
-lossy UTF-8 decoding of ``_Content``). tests/harmony_oracle.py keeps the parser built
+lossy UTF-8 decoding of ``_lossy_step``). tests/harmony_oracle.py keeps the parser built
 on ``StreamableParser`` as the reference; tests/test_harmony_parse.py compares the two.
 
 Pure: no I/O. Token bytes come from the encoding, asked once per id (``_vocab``).
@@ -105,10 +105,8 @@ def _parse_header(text: str, first: bool) -> _Header:
     """A header's text -> role, channel, recipient, as StreamableParser 0.0.8 parses it.
     ``first``: the header the prompt opened with ``<|start|>assistant`` (role given)."""
     channel, text = _cut_channel(text)
-    text = text.strip(_WS)
-    if _CONSTRAIN in text:
-        text = text.replace(_CONSTRAIN, " " + _CONSTRAIN).strip(_WS)
-    parts = _PARTS.findall(text)
+    # "to=f<|constrain|>json": the content type is a word of its own
+    parts = _PARTS.findall(text.strip(_WS).replace(_CONSTRAIN, " " + _CONSTRAIN))
     role = "assistant" if first else _role(parts)
     if parts and parts[0] == role:
         del parts[0]
@@ -306,7 +304,7 @@ class HarmonyParser:
         self._finished = self.done = True
 
     def _content(self, token: int, out: list[Delta]) -> None:
-        info = self._vocab.info(token)
+        info = self._vocab.known.get(token) or self._vocab.info(token)  # the first: per token, cheaper
         if self._lost:
             return
         if info is None:
