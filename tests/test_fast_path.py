@@ -173,13 +173,18 @@ def play(stream: list[list[Any]], think_tags: bool, fast: bool) -> list[Any]:
             result = outcome(lambda: translate(batch))
             out.append(result)
             if result[0] != "ok":
-                return out  # the runner ends the stream here
+                return as_sent(out)  # the runner ends the stream here
         out.append(outcome(lambda: asm.feed(turn.end()) + asm.close_turn() + asm.finish()))
     response = dict(asm.response)
     response.pop("completed_at", None)
     out.append(response)
     out.append(timer.calls)
-    for i, step in enumerate(out):  # events as bytes: key order and types count too
+    return as_sent(out)
+
+
+def as_sent(out: list[Any]) -> list[Any]:
+    """Events as bytes, as they leave: key order and JSON types count, not Python's."""
+    for i, step in enumerate(out):
         if isinstance(step, tuple) and step[0] == "ok":
             for event in step[1]:
                 event.get("response", {}).pop("completed_at", None)
