@@ -210,7 +210,12 @@ def test_same_on_random_ids(enc: HarmonyEncoding, ids: list[int], reason: str | 
 @example("assistant<|channel|>x<|constrain|>json", False)
 @example("foo to=a", False)
 def test_headers_parse_as_streamable_parser(enc: HarmonyEncoding, text: str, first: bool) -> None:
-    """Role, channel and recipient of a header, or its rejection, exactly as StreamableParser's."""
+    """Role, channel and recipient of a header, or its rejection, exactly as StreamableParser's;
+    and the parsers' deltas when that header is followed by a message, cut by a stop token, or
+    left open."""
+    before = "" if first else "<|message|>x<|end|><|start|>"
+    for after in ("<|message|>y<|end|>", "<|end|>", "<|return|>", ""):
+        same_as_oracle(enc, enc.encode(before + text + after, allowed_special="all"), [], "stop")
     reference = StreamableParser(enc, Role.ASSISTANT if first else None, strict=False)
     try:
         for token in enc.encode(text if first else "<|start|>" + text, allowed_special="all"):
