@@ -36,7 +36,6 @@ from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import internal_error
 
-_HIGH_WATER = 64 * 1024  # bytes queued on the socket above which chunks go through ASGI (and wait)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -120,7 +119,8 @@ class RouterHttpProtocol(HttpToolsProtocol):
         Called once per streamed token, so it holds what it checks (this request's cycle,
         the socket's own transport) and checks the fewest things that say "streaming,
         client there, socket keeping up" (``chunked_encoding`` is set only once the head
-        went out). The frame goes to the socket's own transport unless a head is still held.
+        went out; ``write_paused`` once the socket's transport holds more than its high-water
+        mark, 64 KiB). The frame goes to the socket's own transport unless a head is still held.
         """
         cycle, raw, holder = self.cycle, self.raw, self.transport
         if cycle is None or cycle.scope is not scope:
@@ -128,8 +128,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         flow = cycle.flow
 
         def write(item: Any) -> bool:
-            if (not cycle.chunked_encoding or cycle.response_complete or cycle.disconnected or flow.write_paused
-                    or raw.get_write_buffer_size() > _HIGH_WATER):
+            if not cycle.chunked_encoding or cycle.response_complete or cycle.disconnected or flow.write_paused:
                 return False
             data = encode(item)
             if data:
