@@ -15,6 +15,7 @@ tested against orjson on random chunks (tests/test_chat_chunks.py).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -165,7 +166,8 @@ class ChunkDecoder:
         return ReasoningText(reasoning)
 
 
-def _learn(payload: bytes, text: str, keys: tuple[bytes, ...], read: Any) -> tuple[bytes, bytes] | None:
+def _learn(payload: bytes, text: str, keys: tuple[bytes, ...],
+           read: Callable[[Any], str | None]) -> tuple[bytes, bytes] | None:
     """``payload``'s bytes around ``text``, if they are plainly where ``read`` read it.
 
     Checked, not assumed: the bytes after the first of ``keys`` found must be ``text``
@@ -181,12 +183,12 @@ def _learn(payload: bytes, text: str, keys: tuple[bytes, ...], read: Any) -> tup
     end = payload.find(b'"', start)
     content = payload[start:end]
     if end < 0 or content != text.encode() or _NOT_PLAIN.search(content) is not None:
-        return None  # escaped, or not the text read read
+        return None  # escaped, or not the text ``read`` gave
     head, tail = payload[:start], payload[end:]
     probe = content + b"!"
     try:
         if read(orjson.loads(head + probe + tail)) != probe.decode():
-            return None  # another key than the one read read
+            return None  # another key than the one ``read`` reads
     except orjson.JSONDecodeError:
         return None
     return head, tail
