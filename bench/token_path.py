@@ -1,6 +1,6 @@
 """Instructions per streamed token on the router's own path, in one process: an A/B in a minute.
 
-    .venv/bin/python bench/token_path.py [--baseline REV] [--tokens 5000] [--reasoning]
+    .venv/bin/python bench/token_path.py [--baseline REV] [--tokens 5000] [--reasoning | --harmony]
 
 ``bench/instructions.py`` counts a whole router under callgrind (minutes, and
 the stream's start and end spread over its tokens). This counts only the
@@ -11,7 +11,9 @@ sockets (so no syscalls, and no uvloop). Each token is one read of one HTTP
 chunk of one SSE frame, as a paced worker sends it. Counted by callgrind
 around ``map``'s calls of ``data_received``, so start-up is left out.
 ``--reasoning``: every chunk is a piece of reasoning (``"delta":{"reasoning":...}``, as
-vLLM 0.32 writes it), not of the answer. ``--run N`` runs the path natively
+vLLM 0.32 writes it), not of the answer. ``--harmony``: a harmony (gpt-oss) pool's
+stream, vLLM's generate frames of one token id each (the header's few, then the answer's
+words: the harmony dialect's ``decode`` and parser instead of the chat one's). ``--run N`` runs the path natively
 instead (what tests/test_token_path.py does).
 """
 
@@ -32,6 +34,8 @@ HEAD = (b'{"id":"chatcmpl-da45bc4861a94deb88e7b59ceb0fef96","object":"chat.compl
         b'"model":"sim-model","choices":[{"index":0,"delta":{"content":"')
 TAIL = b'"},"logprobs":null,"finish_reason":null}]}'
 WORDS = [b" wait", b" latency", b" a", b" pool", b"models"]
+GENERATE = (b'{"request_id":"resp_1-0","choices":[{"index":0,"logprobs":null,"finish_reason":null,'
+            b'"token_ids":[%d],"routed_experts":null}],"usage":null}')
 
 
 class Socket:
@@ -79,13 +83,42 @@ def frames(n: int, reasoning: bool = False) -> list[bytes]:
     return out
 
 
-async def stream(n: int, reasoning: bool = False) -> list[bytes]:
+def harmony_encoding() -> Any:
+    """gpt-oss's encoding, offline (the vocabulary as tests/conftest.py finds it)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    from router.dialects.harmony_vocab import ENV_VAR, ensure_vocab
+    if not os.environ.get(ENV_VAR):
+        os.environ[ENV_VAR] = str(ensure_vocab(Path.home() / ".cache" / "responses-router" / "harmony").parent)
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def harmony_frames(n: int, encoding: Any) -> list[bytes]:
+    """The final channel's header, then ``n`` reads of one generate frame of one word's token each."""
+    ids = encoding.encode("<|channel|>final<|message|>", allowed_special="all")
+    words = [encoding.encode(w.decode(), disallowed_special=())[0] for w in WORDS]
+    out = []
+    for token in ids + [words[i % len(words)] for i in range(n)]:
+        sse = b"data: " + GENERATE % token + b"\n\n"
+        out.append(b"%x\r\n%s\r\n" % (len(sse), sse))
+    return out
+
+
+def dialect_turn(req: Any, tools: Any, harmony: Any) -> Any:
+    """The chat dialect's turn, or with an encoding the harmony one's (vLLM's generate)."""
+    if harmony is None:
+        from router.dialects.chat import ChatOptions, ChatTurn
+        return ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
+    from router.dialects.harmony_turn import HarmonyTurn
+    return HarmonyTurn(req, tools, harmony, engine="vllm", context_length=None, request_id="resp_1", model="m")
+
+
+async def stream(n: int, reasoning: bool = False, harmony: bool = False) -> list[bytes]:
     """Runs ``n`` tokens through the path; returns what reached the client's socket."""
     from backends.client import SSEStream
     from backends.wire import Connection
     from router.api.server import RouterHttpProtocol
     from router.api.sse import encode_events
-    from router.dialects.chat import ChatOptions, ChatTurn
     from router.metrics import RouterMetrics
     from router.protocol.requests import CreateResponse
     from router.protocol.shapes import response_object
@@ -111,28 +144,30 @@ async def stream(n: int, reasoning: bool = False) -> list[bytes]:
     req = CreateResponse(model="m", input="hi")
     tools = build_toolset([], "auto")
     asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
-    turn = ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
+    encoding = harmony_encoding() if harmony else None
+    turn = dialect_turn(req, tools, encoding)
     timer = RouterMetrics().timer("m", "arm", "pool")
     on_batch = reader(asm, turn, timer, direct, [])
     sse = SSEStream(conn)
-    pushing = sse.push(on_batch, turn.decode) if hasattr(turn, "decode") else sse.push(on_batch)
+    pushing = sse.push(on_batch, turn.decode) if getattr(turn, "decode", None) else sse.push(on_batch)
     consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
     await asyncio.sleep(0)  # the reader is attached and waiting
-    reads = frames(n, reasoning)
+    reads = harmony_frames(n, encoding) if encoding is not None else frames(n, reasoning)
     list(map(conn.data_received, reads))  # callgrind counts inside map's calls only
     consumer.cancel()
     return socket.writes
 
 
-def run(n: int, reasoning: bool = False) -> list[bytes]:
+def run(n: int, reasoning: bool = False, harmony: bool = False) -> list[bytes]:
     import uvloop
-    return uvloop.run(stream(n, reasoning))
+    return uvloop.run(stream(n, reasoning, harmony))
 
 
-def count(src: Path, n: int, reasoning: bool) -> float:
+def count(src: Path, n: int, reasoning: bool, harmony: bool = False) -> float:
     """Instructions per token for the tree at ``src``."""
     cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=map_next", "--callgrind-out-file=/dev/null",
-           sys.executable, str(Path(__file__).resolve()), "--run", str(n), *(["--reasoning"] if reasoning else [])]
+           sys.executable, str(Path(__file__).resolve()), "--run", str(n), *(["--reasoning"] if reasoning else []),
+           *(["--harmony"] if harmony else [])]
     done = subprocess.run(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
     for line in done.stderr.splitlines():
         if "Collected :" in line:
@@ -145,17 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="also count this git revision, and print the ratio")
     p.add_argument("--tokens", type=int, default=5000)
     p.add_argument("--reasoning", action="store_true", help="reasoning chunks instead of answer text")
+    p.add_argument("--harmony", action="store_true", help="a harmony pool's generate frames (answer text)")
     p.add_argument("--run", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.run:
-        writes = run(args.run, args.reasoning)
+        writes = run(args.run, args.reasoning, args.harmony)
         return 0 if len(writes) >= args.run else 1
-    rows = {"working tree": count(ROOT, args.tokens, args.reasoning)}
+    rows = {"working tree": count(ROOT, args.tokens, args.reasoning, args.harmony)}
     if args.baseline:
         from bench.procs import export_rev
         src = export_rev(args.baseline, Path(tempfile.mkdtemp(prefix="responses-router-token-path-")))
-        rows[f"baseline {args.baseline}"] = count(src, args.tokens, args.reasoning)
-    kind = "reasoning" if args.reasoning else "streamed"
+        rows[f"baseline {args.baseline}"] = count(src, args.tokens, args.reasoning, args.harmony)
+    kind = "reasoning" if args.reasoning else "harmony" if args.harmony else "streamed"
     print(f"| router | instructions / {kind} token (in-process path) |")
     print("|---|---:|")
     for name, value in rows.items():

@@ -51,3 +51,17 @@ def test_every_read_of_reasoning_leaves_as_one_write_of_its_delta() -> None:
     assert [d["delta"] for d in deltas] == [WORDS[i % len(WORDS)].decode() for i in range(50)]
     seqs = [e["sequence_number"] for batch in batches for e in batch]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+def test_every_read_of_a_harmony_stream_leaves_as_one_write_of_its_delta(harmony_vocab: object) -> None:
+    """vLLM's generate frames of one token each: the header's make no write, then one per word."""
+    writes = run(50, harmony=True)
+    assert len(writes) == 50
+    batches = [sse_events(w) for w in writes]
+    assert [e["type"] for e in batches[0]] == ["response.output_item.added", "response.content_part.added",
+                                               "response.output_text.delta"]
+    assert all(len(batch) == 1 for batch in batches[1:])
+    deltas = [batch[-1] for batch in batches]
+    assert [d["delta"] for d in deltas] == [WORDS[i % len(WORDS)].decode() for i in range(50)]
+    seqs = [e["sequence_number"] for batch in batches for e in batch]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from openai_harmony import HarmonyEncoding, HarmonyError
 
-from router.dialects.deltas import Delta, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, ReasoningText, TextDelta, ToolCallDelta, Usage
 from router.protocol.ids import new_id
 
 # -- the encoding's tokens ----------------------------------------------------------
@@ -216,6 +216,25 @@ class HarmonyParser:
             if self.done:
                 break
         return _merge(out)
+
+    def plain(self, token: int) -> str | None:
+        """``feed([token])``'s one delta as its text when that is a piece of the answer (a ``str``)
+        or of the reasoning (a ``ReasoningText``), else None, and then nothing changed: feed it.
+
+        The per-token fast path (``HarmonyTurn.decode``): a content token valid UTF-8 alone, none
+        pending, in a text or reasoning message, where ``_content`` makes exactly that delta and
+        changes no state (tests/test_harmony_fast_path.py compares the two)."""
+        if self._state != _CONTENT or self._pending or self._lost or self.done:
+            return None
+        info = self._vocab.known.get(token)
+        if info is None or not info[2] or token in self._vocab.stops:
+            return None
+        kind = self._kind
+        if kind == _TEXT:
+            return info[2]
+        if kind == _REASONING:
+            return ReasoningText(info[2])
+        return None
 
     def finish(self, reason_from_engine: str | None = None, usage: Usage | None = None) -> list[Delta]:
         out: list[Delta] = []

@@ -19,17 +19,23 @@ from backends.engines import (
     completions_request,
     generate_request,
 )
-from router.dialects.deltas import Delta, Usage
+from router.dialects.chat_chunks import chunk_object
+from router.dialects.deltas import Delta, ReasoningDelta, ReasoningText, TextDelta, Usage
 from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
+from router.dialects.harmony_chunks import IdsTemplate, probe_ids
 from router.protocol.errors import InvalidRequest
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 
 
-class HarmonyTurn:
-    decode = None  # generate frames are JSON, read the general way
+class FrameDeltas(list):  # type: ignore[type-arg]
+    """One frame's deltas, made at decode time (``HarmonyTurn.decode``); ``chunk`` hands them back."""
 
+    __slots__ = ()
+
+
+class HarmonyTurn:
     def __init__(self, req: CreateResponse, tools: ToolSet, encoding: HarmonyEncoding, *, engine: str,
                  context_length: int | None, request_id: str, model: str = "", use_completions: bool = False) -> None:
         self.path = COMPLETIONS_FALLBACK_PATH if use_completions else GENERATE_PATH[engine]
@@ -45,6 +51,8 @@ class HarmonyTurn:
         self._prompt_tokens = 0
         self._generated = 0
         self._counts: GenerateStep | None = None  # the last token counts the engine reported
+        # vLLM's plain frames, read without parsing (SGLang's ids are cumulative: always parsed)
+        self._template = IdsTemplate() if engine != "sglang" else None
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
@@ -90,7 +98,47 @@ class HarmonyTurn:
                                  param="input", code="context_length_exceeded")
         return min(room, budget) if budget is not None else room
 
-    def chunk(self, payload: dict[str, Any]) -> list[Delta]:
+    def decode(self, payload: bytes) -> Any:
+        """One frame's payload -> all of its work, done now: the parser's state must advance
+        frame by frame, and the stream decodes every frame of a read before the runner sees it.
+
+        Gives the frame's one piece of answer text as a ``str`` and of reasoning as a
+        ``ReasoningText`` (the runner's per-token fast paths), other deltas as ``FrameDeltas``,
+        and a worker's error frame as parsed (the stream ends there, unread). A frame the
+        template knows is not parsed; others are, and may teach it. ``chunk`` reads each
+        of these as the same deltas the parsed frame gives.
+        """
+        template = self._template
+        ids = template.read(payload) if template is not None else None
+        if ids is None:
+            return self._parsed(payload)
+        if len(ids) == 1:
+            text = self._parser.plain(ids[0])
+            if text is not None:
+                self._generated += 1
+                return text
+        self._generated += len(ids)
+        return _result(self._parser.feed(ids))  # no finish, no counts: the template says so
+
+    def _parsed(self, payload: bytes) -> Any:
+        """A frame the template does not know, the general way (``chunk``); maybe learned from."""
+        frame = chunk_object(payload)
+        if "error" in frame and "choices" not in frame:
+            return frame  # the worker's error: the stream reads it
+        deltas = self.chunk(frame)
+        template = self._template
+        if template is not None and template.learning:
+            template.learn(payload, _vllm_ids(frame), _plain_ids)
+        return _result(deltas)
+
+    def chunk(self, payload: Any) -> list[Delta]:
+        kind = type(payload)
+        if kind is FrameDeltas:
+            return payload  # type: ignore[no-any-return]
+        if kind is str:
+            return [TextDelta(payload)]
+        if kind is ReasoningText:
+            return [ReasoningDelta(str(payload))]
         step = self._reader.step(payload)
         out = self._parser.feed(step.token_ids)
         self._generated += len(step.token_ids)
@@ -116,3 +164,35 @@ class HarmonyTurn:
         completion = counts.completion_tokens if counts and counts.completion_tokens is not None else self._generated
         cached = counts.cached_tokens if counts and counts.cached_tokens is not None else 0
         return Usage(prompt, completion, cached)
+
+
+def _result(deltas: list[Delta]) -> Any:
+    """A frame's deltas as ``decode`` gives them: one plain piece of text or reasoning as its text."""
+    if len(deltas) == 1:
+        delta = deltas[0]
+        kind = type(delta)
+        if kind is TextDelta and delta.text and delta.phase is None and delta.logprobs is None:  # type: ignore[union-attr]
+            return delta.text  # type: ignore[union-attr]
+        if kind is ReasoningDelta and delta.text:  # type: ignore[union-attr]
+            return ReasoningText(delta.text)  # type: ignore[union-attr]
+    return FrameDeltas(deltas)
+
+
+_VLLM = GenerateReader("vllm")  # keeps no state for vLLM's frames
+
+
+def _vllm_ids(frame: dict[str, Any]) -> list[int]:
+    """The new ids of a vLLM frame that gave only those (no finish, no counts), else []."""
+    try:
+        step = _VLLM.step(frame)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if step.finish is not None or step.prompt_tokens is not None or step.completion_tokens is not None:
+        return []
+    return step.token_ids
+
+
+def _plain_ids(probe: dict[str, Any]) -> bool:
+    """Whether a probe frame (``IdsTemplate.learn``) reads as exactly the probe's ids, nothing more."""
+    step_ids = _vllm_ids(probe)
+    return step_ids == probe_ids() and _VLLM.step(probe).cached_tokens is None
