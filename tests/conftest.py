@@ -4,6 +4,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -30,6 +31,26 @@ def harmony_vocab() -> Path:
     assert hashlib.sha256(path.read_bytes()).hexdigest() == vocab.SHA256
     os.environ[vocab.ENV_VAR] = str(path.parent)
     return path.parent
+
+
+@pytest.fixture(scope="session")
+def enc(harmony_vocab: Path) -> Any:
+    """The gpt-oss harmony encoding, loaded offline (a module may define its own ``enc``)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@pytest.fixture(scope="session")
+def byte_ids(enc: Any) -> dict[int, int]:
+    """byte value -> the token of that one byte (to split UTF-8 anywhere)."""
+    out: dict[int, int] = {}
+    for token in range(256):
+        data = enc.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
+        if len(data) == 1:
+            out[data[0]] = token
+    assert len(out) == 256
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -21,7 +20,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+from openai_harmony import HarmonyEncoding
 
 from backends.client import SSEStream
 from router.dialects.chat_chunks import chunk_object
@@ -39,20 +38,6 @@ from tests.test_harmony_parse import token_ids
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}, {"type": "function", "name": "x"}]
 
 
-@pytest.fixture(scope="session")
-def enc(harmony_vocab: Path) -> HarmonyEncoding:
-    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-
-
-@pytest.fixture(scope="session")
-def byte_ids(enc: HarmonyEncoding) -> dict[int, int]:
-    """byte value -> the token of that one byte (to split UTF-8 anywhere)."""
-    out: dict[int, int] = {}
-    for token in range(256):
-        data = enc.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
-        if len(data) == 1:
-            out[data[0]] = token
-    return out
 
 
 @contextmanager

@@ -13,12 +13,10 @@ and ids that are no u32, plain bytes that are no UTF-8.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from openai_harmony import HarmonyEncoding, HarmonyEncodingName, HarmonyError, Role, StreamableParser, load_harmony_encoding
+from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from router.dialects.deltas import Delta, ToolCallDelta
 from router.dialects.harmony_parse import HarmonyParser, ParseError, _parse_header
@@ -27,21 +25,6 @@ from tests.harmony_oracle import OracleParser
 Piece = tuple[str, object]  # ("special" | "plain", text), ("bytes", bytes) or ("ids", list[int])
 
 
-@pytest.fixture(scope="session")
-def enc(harmony_vocab: Path) -> HarmonyEncoding:
-    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-
-
-@pytest.fixture(scope="session")
-def byte_ids(enc: HarmonyEncoding) -> dict[int, int]:
-    """byte value -> the token of that one byte (to split UTF-8 anywhere)."""
-    out: dict[int, int] = {}
-    for token in range(256):
-        data = enc.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
-        if len(data) == 1:
-            out[data[0]] = token
-    assert len(out) == 256
-    return out
 
 
 # -- streams ------------------------------------------------------------------------

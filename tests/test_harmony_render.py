@@ -4,21 +4,15 @@ the whole conversation, on random conversations: the same token ids, first time 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai_harmony import Conversation, HarmonyEncoding, HarmonyEncodingName, Role, load_harmony_encoding
+from openai_harmony import Conversation, HarmonyEncoding, Role
 
 from router.dialects import harmony_render
 from router.dialects.harmony import prompt_messages, render_prompt
-
-
-@pytest.fixture(scope="module")
-def enc(harmony_vocab: Path) -> HarmonyEncoding:
-    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
