@@ -20,28 +20,8 @@ _REASONING, _TEXT, _COMMENTARY, _TOOL, _IGNORE = range(5)
 
 
 class OracleParser:
-    """Generated token ids -> deltas, for one turn; wraps ``StreamableParser``.
-
-    Channels: ``analysis`` -> ReasoningDelta; ``final`` (or none) -> TextDelta;
-    ``commentary`` without a recipient -> TextDelta(phase="commentary"); any message
-    with a recipient (on any channel) -> ToolCallDelta: ``functions.X`` -> name X,
-    anything else (``browser.search``, ``python``, ``container.exec``, ...) -> name =
-    the recipient, for the tool loop to decide. Messages of other authors (a model
-    imagining a tool's answer) are ignored.
-
-    Endings: ``<|return|>`` or ``<|call|>`` end the turn at once in ``feed`` (later
-    tokens are ignored) with Finish("tool_calls") if the turn made a call, else
-    Finish("stop"). Otherwise ``finish(engine_reason)`` ends it: "length" ->
-    Finish("length"), anything else (an engine that strips the stop token, an
-    abort) -> "tool_calls" if the turn made a call, else "stop".
-    A message whose header never completed (the model wrote plain text, no channel
-    tokens) is flushed as text when it ends or at ``finish``.
-
-    Invalid sequences never raise: an error of the parser (or a bad id) stops the
-    parsing; what was produced stays, later tokens are ignored, ``done`` turns true
-    (the caller may abort the engine) and ``error`` says why; ``finish`` then ends
-    as above. Exactly one Finish is produced per parser.
-    """
+    """Generated token ids -> deltas, for one turn; wraps ``StreamableParser``. The contract
+    (channels, endings, errors) is ``HarmonyParser``'s, in router/dialects/harmony_parse.py."""
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._enc = encoding
