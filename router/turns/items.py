@@ -88,7 +88,8 @@ class MessageItem(OpenItem):
 
         Its ``logprobs`` is ``()``, which orjson writes as ``[]`` like a list: a dict holding
         only atoms is not tracked by the garbage collector, which halves the cost of each
-        copy (measured: ~1.2k instructions less per streamed token, with no list made)."""
+        copy, and no list is made per token (measured with bench/token_path.py: ~0.4k
+        instructions less per streamed token)."""
         self.text_delta = {"type": "response.output_text.delta", "item_id": self.item["id"], "output_index": self.index,
                            "content_index": self._part_index, "delta": "", "logprobs": (), "sequence_number": 0}
         return self.text_delta
