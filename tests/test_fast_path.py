@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -112,16 +112,20 @@ chunk = st.one_of(*[plain_chunk] * 3, *[edge_chunk] * 4, *[any_chunk] * 2, *[rea
 batches = st.lists(st.lists(chunk, min_size=1, max_size=3), min_size=2, max_size=12)
 
 
+ID_MAKERS = ("router.turns.items", "router.turns.assembler", "router.dialects.chat")  # the modules that call new_id
+
+
 @contextmanager
-def counted_ids() -> Iterator[None]:
-    """Ids from a counter, so that two runs of one stream make the same ones."""
+def counted_ids(modules: tuple[str, ...] = ID_MAKERS) -> Iterator[None]:
+    """Ids from a counter in ``modules``, so that two runs of one stream make the same ones."""
     counter = itertools.count()
 
     def new_id(prefix: str) -> str:
         return f"{prefix}_{next(counter)}"
 
-    with (mock.patch("router.turns.items.new_id", new_id), mock.patch("router.dialects.chat.new_id", new_id),
-          mock.patch("router.turns.assembler.new_id", new_id)):
+    with ExitStack() as patches:
+        for module in modules:
+            patches.enter_context(mock.patch(f"{module}.new_id", new_id))
         yield
 
 

@@ -9,9 +9,6 @@ byte, the same final response and the same errors.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -31,26 +28,14 @@ from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.turns.assembler import Assembler
 from router.turns.runner import reader
-from tests.test_fast_path import Timer, as_sent, outcome
+from tests.test_fast_path import Timer, as_sent, counted_ids, outcome
 from tests.test_harmony_parse import stream as harmony_stream
 from tests.test_harmony_parse import token_ids
 
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}, {"type": "function", "name": "x"}]
 
-
-
-
-@contextmanager
-def counted_ids() -> Iterator[None]:
-    """Ids from a counter, so that two runs of one stream make the same ones."""
-    counter = itertools.count()
-
-    def new_id(prefix: str) -> str:
-        return f"{prefix}_{next(counter)}"
-
-    with (mock.patch("router.turns.items.new_id", new_id), mock.patch("router.turns.assembler.new_id", new_id),
-          mock.patch("router.turns.tool_items.new_id", new_id), mock.patch("router.dialects.harmony_parse.new_id", new_id)):
-        yield
+# The modules that call new_id on a harmony stream (ids from a counter: two runs make the same ones).
+HARMONY_ID_MAKERS = ("router.turns.items", "router.turns.assembler", "router.turns.tool_items", "router.dialects.harmony_parse")
 
 
 # -- frames as vLLM's /inference/v1/generate sends them (GenerateTokensStreamResponse), and others
@@ -116,7 +101,7 @@ def play(enc: HarmonyEncoding, reads: list[bytes], fast: bool, engine: str = "vl
     req = CreateResponse(model="m", input="hi", tools=TOOLS)
     tools = build_toolset(TOOLS, "auto")
     out: list[Any] = []
-    with counted_ids():
+    with counted_ids(HARMONY_ID_MAKERS):
         asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
         turn = HarmonyTurn(req, tools, enc, engine=engine, context_length=None, request_id="resp_1", model="m")
         sse = SSEStream(SimpleNamespace(gen=0))  # type: ignore[arg-type]
