@@ -80,12 +80,11 @@ def settle_heap() -> None:
     Start-up leaves ~100k long-lived objects (modules, pydantic schemas, config);
     a full collection walks them all (40-75 ms here, one pause for every request
     in flight; one came in a 35 s benchmark). ``gc.freeze`` moves them out of
-    every later collection. With
-    CPython's default threshold (700), the objects one create or one batch of
-    tokens holds for a moment set off a young collection every ~10 requests
-    at c=32 (~0.4 ms each, ~1.5% of the router's CPU; bench/RESULTS.md); at
-    10,000 the same load set off one in a whole benchmark. Reference cycles
-    are still collected, only later.
+    every later collection. With CPython's default threshold (700), the objects
+    one create or one batch of tokens holds for a moment set off a young
+    collection every ~10 requests at c=32 (~0.4 ms each, ~1.5% of the router's
+    CPU; bench/RESULTS.md); at 10,000 the same load set off one in a whole
+    benchmark. Reference cycles are still collected, only later.
     """
     gc.collect()
     gc.freeze()
