@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from openai_harmony import Conversation, HarmonyEncoding, Role
 
 from router.dialects import harmony_render
-from router.dialects.harmony import prompt_messages, render_prompt
+from router.dialects.harmony import prompt_messages, prompt_specs, render_prompt
 
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
@@ -83,8 +83,7 @@ def test_a_full_cache_starts_over(enc: HarmonyEncoding, monkeypatch: pytest.Monk
     opts = {"instructions": None, "tools": None, "reasoning_effort": None, "current_date": "2026-11-29"}
     for n in range(6):
         items = _turn("user", f"message number {n} " * 3, n)
-        head, rest = prompt_messages(items, **opts)
-        assert cache.prompt(head, rest) == whole(enc, items, opts)
+        assert cache.prompt(*prompt_specs(items, **opts)) == whole(enc, items, opts)
         assert cache._tokens <= 40 or len(cache._kept) == 1
 
 
@@ -108,8 +107,31 @@ def test_a_message_rendered_once_is_not_rendered_again(enc: HarmonyEncoding) -> 
     cache = harmony_render.RenderedMessages(counting)  # type: ignore[arg-type]
     opts = {"instructions": "be brief", "tools": TOOLS, "reasoning_effort": None, "current_date": "2026-11-29"}
     items = [item for n, kind in enumerate(["user", "call", "final", "user"]) for item in _turn(kind, f"words {n}", n)]
-    first = cache.prompt(*prompt_messages(items, **opts))
+    first = cache.prompt(*prompt_specs(items, **opts))
     assert counting.calls == 1 + 5  # the head together, then user, call, tool output, answer, user
     items += _turn("final", "more", 9) + _turn("user", "next", 10)
-    assert cache.prompt(*prompt_messages(items, **opts))[:len(first) - 2] == first[:-2]  # the same prefix
+    assert cache.prompt(*prompt_specs(items, **opts))[:len(first) - 2] == first[:-2]  # the same prefix
     assert counting.calls == 6 + 2  # only the two new messages
+
+
+def test_kept_messages_are_not_built_again(enc: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept rendering is found by the message's data: no openai-harmony message is built for it."""
+    opts = {"instructions": "be brief", "tools": TOOLS, "reasoning_effort": "high", "current_date": "2026-11-29"}
+    items = [item for n, kind in enumerate(["user", "call", "final", "user"]) for item in _turn(kind, f"words {n}", n)]
+    expected = {effort: whole(enc, items, {**opts, "reasoning_effort": effort}) for effort in ("high", "low")}
+    built: list[Any] = []
+    build = harmony_render.MessageSpec.message
+    monkeypatch.setattr(harmony_render.MessageSpec, "message", lambda spec: built.append(spec) or build(spec))
+    cache = harmony_render.RenderedMessages(enc)
+    heads: list[int] = []
+
+    def prompt(effort: str) -> list[int]:
+        key, head, rest = prompt_specs(items, **{**opts, "reasoning_effort": effort})
+        return cache.prompt(key, lambda: heads.append(1) or head(), rest)
+
+    assert prompt("high") == expected["high"]
+    assert len(heads) == 1 and len(built) == 5  # the head, then user, call, tool output, answer, user
+    assert prompt("high") == expected["high"]
+    assert len(heads) == 1 and len(built) == 5  # nothing built the second time
+    assert prompt("low") == expected["low"]  # another head: built and rendered; the rest still kept
+    assert len(heads) == 2 and len(built) == 5

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+import orjson
 from openai_harmony import (
-    Author,
     DeveloperContent,
     HarmonyEncoding,
     Message,
@@ -37,7 +37,7 @@ from openai_harmony import (
 )
 
 from router.dialects.harmony_parse import HarmonyParser
-from router.dialects.harmony_render import rendered_messages
+from router.dialects.harmony_render import MessageSpec, rendered_messages
 from router.protocol.errors import InvalidRequest
 from router.protocol.items import Item, message_text
 
@@ -48,13 +48,13 @@ _EFFORT = {
 }
 _JSON = "<|constrain|>json"
 _BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.with_python_tool}
-__all__ = ["HarmonyParser", "prompt_messages", "render_prompt", "stop_token_ids"]
+__all__ = ["HarmonyParser", "prompt_messages", "prompt_specs", "render_prompt", "stop_token_ids"]
 
 
 # -- items -> prompt tokens ------------------------------------------------------
 
 
-def prompt_messages(
+def prompt_specs(
     items: Sequence[Item],
     *,
     instructions: str | None,
@@ -63,9 +63,10 @@ def prompt_messages(
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
     current_date: str | None = None,
     builtin_tools: Sequence[str] = (),
-) -> tuple[list[Message], list[Message]]:
-    """History + this turn's input -> the prompt's messages: the system and developer ones,
-    then the conversation's (``render_prompt`` renders them).
+) -> tuple[Hashable, Callable[[], list[Message]], list[MessageSpec]]:
+    """History + this turn's input -> the prompt's messages as data: the head's key (all that
+    the system and developer messages are built from), what builds them, then the
+    conversation's messages (``render_prompt`` renders them; ``prompt_messages`` builds them).
 
     ``reasoning_effort``: low/medium/high (None -> medium; minimal/none -> low, xhigh -> high).
     ``current_date``: ``YYYY-MM-DD``; None -> today (UTC). Pass the conversation's start
@@ -76,69 +77,80 @@ def prompt_messages(
     """
     effort = _EFFORT.get((reasoning_effort or "medium").lower(), ReasoningEffort.MEDIUM)
     date = current_date or datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    system = (
-        SystemContent.new()
-        .with_reasoning_effort(effort)
-        .with_conversation_start_date(date)
-        .with_knowledge_cutoff(knowledge_cutoff)
-    )
-    for name in builtin_tools:
-        system = _BUILTIN[name](system)
-    messages = [Message.from_role_and_content(Role.SYSTEM, system)]
-
     folded = [instructions] if instructions else []
     folded += [message_text(it) for it in items if it.get("type") == "message" and it.get("role") in ("system", "developer")]
-    functions = [
-        ToolDescription.new(t["name"], t.get("description") or "", t.get("parameters"))
-        for t in tools or ()
-        if t.get("type") == "function"
-    ]
-    if folded or functions:
-        developer = DeveloperContent.new()
-        if folded:
-            developer = developer.with_instructions("\n\n".join(folded))
-        if functions:
-            developer = developer.with_function_tools(functions)
-        messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+    functions = [(t["name"], t.get("description") or "", t.get("parameters")) for t in tools or () if t.get("type") == "function"]
+    builtins = tuple(builtin_tools)
 
-    return messages, _history(items)
+    def head() -> list[Message]:
+        system = (
+            SystemContent.new()
+            .with_reasoning_effort(effort)
+            .with_conversation_start_date(date)
+            .with_knowledge_cutoff(knowledge_cutoff)
+        )
+        for name in builtins:
+            system = _BUILTIN[name](system)
+        messages = [Message.from_role_and_content(Role.SYSTEM, system)]
+        if folded or functions:
+            developer = DeveloperContent.new()
+            if folded:
+                developer = developer.with_instructions("\n\n".join(folded))
+            if functions:
+                developer = developer.with_function_tools([ToolDescription.new(*f) for f in functions])
+            messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        return messages
+
+    key = (effort, date, knowledge_cutoff, builtins, tuple(folded), _json_key(functions))
+    return key, head, _history(items)
+
+
+def prompt_messages(items: Sequence[Item], **options: Any) -> tuple[list[Message], list[Message]]:
+    """``prompt_specs``'s messages built: the system and developer ones, then the conversation's."""
+    _, head, rest = prompt_specs(items, **options)
+    return head(), [spec.message() for spec in rest]
 
 
 def render_prompt(items: Sequence[Item], *, encoding: HarmonyEncoding, **options: Any) -> list[int]:
     """History + this turn's input -> prompt token ids ending in ``<|start|>assistant``:
-    ``prompt_messages`` (which takes ``options``), rendered (messages rendered before are
-    not rendered again: router/dialects/harmony_render.py)."""
-    return rendered_messages(encoding).prompt(*prompt_messages(items, **options))
+    ``prompt_specs`` (which takes ``options``), rendered (messages rendered before are
+    not built or rendered again: router/dialects/harmony_render.py)."""
+    return rendered_messages(encoding).prompt(*prompt_specs(items, **options))
 
 
-def _history(items: Sequence[Item]) -> list[Message]:
+def _json_key(value: Any) -> bytes:
+    """A key for JSON data (function tools' schemas): orjson's bytes, or the standard
+    library's for what orjson refuses (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()
+
+
+def _history(items: Sequence[Item]) -> list[MessageSpec]:
     """User turns and assistant history as harmony messages (old CoT dropped)."""
     last_final = max((i for i, it in enumerate(items) if _is_final(it)), default=-1)
     names: dict[str, str] = {}  # call_id -> function name
-    out: list[Message] = []
+    out: list[MessageSpec] = []
     for i, item in enumerate(items):
         kind = item.get("type")
         if kind == "message":
             role = item.get("role")
             if role == "user":
-                out.append(Message.from_role_and_content(Role.USER, message_text(item)))
+                out.append(MessageSpec(Role.USER, message_text(item)))
             elif role == "assistant":
                 channel = "commentary" if item.get("phase") == "commentary" else "final"
-                out.append(Message.from_role_and_content(Role.ASSISTANT, message_text(item)).with_channel(channel))
+                out.append(MessageSpec(Role.ASSISTANT, message_text(item), channel))
             # system / developer text is folded into the developer message
         elif kind == "reasoning":
             if i > last_final:
                 text = _reasoning_text(item)
                 if text:
-                    out.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
+                    out.append(MessageSpec(Role.ASSISTANT, text, "analysis"))
         elif kind == "function_call":
             names[item["call_id"]] = item["name"]
-            out.append(
-                Message.from_role_and_content(Role.ASSISTANT, item.get("arguments") or "{}")
-                .with_channel("commentary")
-                .with_recipient("functions." + item["name"])
-                .with_content_type(_JSON)
-            )
+            out.append(MessageSpec(Role.ASSISTANT, item.get("arguments") or "{}", "commentary",
+                                   "functions." + item["name"], _JSON))
         elif kind == "function_call_output":
             name = names.get(item.get("call_id", ""))
             if name is None:
@@ -146,19 +158,15 @@ def _history(items: Sequence[Item]) -> list[Message]:
                     f"No tool call found for function call output with call_id {item.get('call_id')!r}.",
                     param="input",
                 )
-            author = Author.new(Role.TOOL, "functions." + name)
-            out.append(
-                Message.from_author_and_content(author, _output_text(item.get("output")))
-                .with_channel("commentary")
-                .with_recipient("assistant")
-            )
+            out.append(MessageSpec(Role.TOOL, _output_text(item.get("output")), "commentary", "assistant",
+                                   author="functions." + name))
         elif kind in ("mcp_call", "web_search_call", "code_interpreter_call"):
             out += _router_call(item)
         # mcp_list_tools and approval items are not part of the prompt
     return out
 
 
-def _router_call(item: Item) -> list[Message]:
+def _router_call(item: Item) -> list[MessageSpec]:
     """A tool the router ran: the model's call on its recipient, then the tool's answer."""
     kind = item["type"]
     if kind == "mcp_call":
@@ -182,10 +190,8 @@ def _router_call(item: Item) -> list[Message]:
         result = item.get("_output") or logs or "(output not kept)"
     channel = "commentary" if recipient.startswith("functions.") else "analysis"
     return [
-        Message.from_role_and_content(Role.ASSISTANT, call).with_channel(channel).with_recipient(recipient)
-        .with_content_type(content_type),
-        Message.from_author_and_content(Author.new(Role.TOOL, recipient), result).with_channel(channel)
-        .with_recipient("assistant"),
+        MessageSpec(Role.ASSISTANT, call, channel, recipient, content_type),
+        MessageSpec(Role.TOOL, result, channel, "assistant", author=recipient),
     ]
 
 
