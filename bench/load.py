@@ -91,6 +91,7 @@ class Conn(asyncio.Protocol):
         self.nbytes = 0
         self.headers_at = 0.0
         self.on_headers: Any = None  # callable, for counting open streams
+        self.failure = b""  # the start of a body that is not a 200's: the error saying why
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,6 +119,8 @@ class Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.chunks += 1
         self.nbytes += len(body)
+        if len(self.failure) < 512 and self.parser.get_status_code() != 200:
+            self.failure += body[:512]
         if self.token is None:
             return
         buf = self.tail + body if self.tail else body
@@ -135,7 +138,7 @@ class Conn(asyncio.Protocol):
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
         self.tail, self.tokens, self.saw_done, self.chunks, self.nbytes = b"", 0, False, 0, 0
-        self.headers_at = 0.0
+        self.headers_at, self.failure = 0.0, b""
         self.transport.write(raw)
         return await self.waiter
 
@@ -257,6 +260,16 @@ async def run_closed(job: Job) -> dict[str, Any]:
     }
 
 
+def error_message(body: bytes) -> str:
+    """An OpenAI error body's message (else its first bytes), for telling failures apart."""
+    if not body:
+        return ""
+    try:
+        return str(orjson.loads(body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
 async def run_streams(job: Job) -> dict[str, Any]:
     """``streams`` concurrent SSE requests x ``rounds``; tokens, chunks, completions, RSS at peak."""
     raw = build_request(job.host, job.port, job.path, job.body.encode())
@@ -282,7 +295,7 @@ async def run_streams(job: Job) -> dict[str, Any]:
                         watcher.counts["open"] -= 1
             ok = status == 200 and conn.saw_done and (not job.expect_tokens or conn.tokens == job.expect_tokens)
             return {"status": status, "tokens": conn.tokens, "chunks": conn.chunks, "done": conn.saw_done,
-                    "ok": ok, "bytes": conn.nbytes, "s": time.perf_counter() - t0}
+                    "ok": ok, "bytes": conn.nbytes, "s": time.perf_counter() - t0, "why": error_message(conn.failure)}
 
         return await asyncio.gather(*(one(i, c) for i, c in enumerate(conns)))
 
@@ -321,7 +334,8 @@ async def run_streams(job: Job) -> dict[str, Any]:
     errors: dict[str, int] = {}
     for r in results:
         if not r["ok"]:
-            key = r.get("error") or f"status {r['status']}, done={r['done']}, tokens={r['tokens']}"
+            key = r.get("error") or f"status {r['status']}, done={r['done']}, tokens={r['tokens']}" + (
+                f", {r['why']}" if r.get("why") else "")
             errors[key[:120]] = errors.get(key[:120], 0) + 1
     return {
         "streams": len(results), "complete": len(complete), "tokens": tokens,

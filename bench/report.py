@@ -176,14 +176,17 @@ def _open_rows(o: dict[str, Any], key: str) -> list[Row]:
                     f"{p['max_open']} past headers at once; {p['rss_after_kb'] / 1024:.0f} MiB after)", "",
                     f"<= {T_STREAM_KB:.0f} KB", _verdict(kb, T_STREAM_KB)))
     counts: dict[str, int] = {}
+    why: dict[str, str] = {}  # the first error message seen for each status
     for key, n in o["errors"].items():
-        short = key.split(",")[0]  # "status 503" or the exception
+        short, *rest = key.split(", ")  # "status 503" or the exception, then done=, tokens= and the message
         counts[short] = counts.get(short, 0) + n
-    errors = ", ".join(f"{n} x {k}" for k, n in counts.items())
+        if len(rest) > 2:
+            why.setdefault(short, ", ".join(rest[2:])[:100])
+    errors = ", ".join(f"{n} x {k}" + (f" ({why[k]})" if k in why else "") for k, n in counts.items())
     if errors and "marked down" in o.get("router_log", ""):
-        why = o["router_log"].split("marked down:")[1].splitlines()[0]
-        m = re.search(r"(health check failed|\w+(?:Error|Exception))", why)
-        errors += "; router log: the worker was marked down (" + (m.group(1) if m else why.strip()[:60]) + ")"
+        down = o["router_log"].split("marked down:")[1].splitlines()[0]
+        m = re.search(r"(health check failed|\w+(?:Error|Exception))", down)
+        errors += "; router log: the worker was marked down (" + (m.group(1) if m else down.strip()[:60]) + ")"
     rows.append(Row("4", f"{o['streams']} streams ({shape}) complete", "",
                     f"{o['complete']}/{o['streams']} in {o['elapsed_s']:.1f} s (longest stream {o['stream_max_s']:.1f} s)"
                     + (f"; errors {errors}" if errors else ""), "",
