@@ -10,7 +10,7 @@ class WorkerError(Exception):
 
 
 class WorkerUnavailable(WorkerError):
-    """No answer at all (refused, reset before headers, connect timeout): safe to retry elsewhere."""
+    """No connection at all (refused, connect timeout): nothing was sent, safe to retry elsewhere."""
 
 
 class WorkerHTTPError(WorkerError):
@@ -32,7 +32,8 @@ class WorkerHTTPError(WorkerError):
 
 
 class WorkerStreamBroken(WorkerError):
-    """The answer started and then broke off (connection lost, read timeout, bad frame)."""
+    """The request went out and its answer broke off or never came (connection closed or reset,
+    read timeout, bad frame)."""
 
 
 class WorkerStreamError(WorkerStreamBroken):

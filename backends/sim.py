@@ -439,7 +439,9 @@ async def serve(cfg: SimConfig) -> None:
     runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.port).start()
+    # The listen backlog vLLM's and SGLang's servers (uvicorn) use; aiohttp's own is 128, which a burst
+    # of new connections overflows while the loop is busy (the kernel then drops or resets them).
+    await web.TCPSite(runner, cfg.host, cfg.port, backlog=2048).start()
     print(f"sim worker ready on http://{cfg.host}:{runner.addresses[0][1]}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

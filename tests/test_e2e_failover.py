@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 
 
 class BadWorker:
-    """A worker that is healthy and lists the model, but answers every generation with ``status``."""
+    """A worker that is healthy and lists the model, but answers every generation with ``status``
+    (0: closes the connection without answering, as a crashing or overloaded server does)."""
 
     def __init__(self, status: int) -> None:
         self.status = status
@@ -48,6 +49,10 @@ class BadWorker:
 
     async def _chat(self, request: web.Request) -> web.Response:
         self.calls += 1
+        if self.status == 0:
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("dropped on purpose")
         return web.json_response({"error": {"message": "simulated", "type": "x", "param": None, "code": self.status}},
                                  status=self.status)
 
@@ -94,9 +99,11 @@ def worker_state(router: RouterProcess, port: int) -> dict:
     return next(w for w in workers if w["url"].endswith(f":{port}"))
 
 
+@pytest.mark.parametrize(("status", "why"), [(500, "500"), (0, "connection closed")])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: Path, good_sim: str, stream: bool) -> None:
-    with BadWorker(500) as bad:
+def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: Path, good_sim: str, stream: bool,
+                                                                     status: int, why: str) -> None:
+    with BadWorker(status) as bad:
         router = router_with(tmp_path, bad, good_sim)
         try:
             client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
@@ -107,7 +114,7 @@ def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: P
                 else:
                     assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
             state = worker_state(router, bad.port)
-            assert state["circuit"] == "open" and "500" in state["last_error"]
+            assert state["circuit"] == "open" and why in state["last_error"]
             calls = bad.calls
             assert calls >= 5
             for i in range(5):  # while open, nothing is sent to it

@@ -13,7 +13,7 @@ import random
 import time
 from typing import Any
 
-from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerUnavailable
+from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
 from backends.engines import is_context_overflow
 from backends.pools import NoHealthyWorker, Pool, Worker
 from router.dialects.turn import DialectTurn
@@ -74,12 +74,13 @@ class Upstream:
         """Before the client has seen a byte, a failed call is tried again on another worker.
 
         Unreachable workers are marked down; 429/503 are backpressure (another worker,
-        no fault counted); other 5xx count towards the worker's circuit breaker and are
-        retried after a short jittered pause, at most RETRY_ATTEMPTS calls within
-        RETRY_DEADLINE_S. A 4xx is the request's fault: no retry.
+        no fault counted); other 5xx, and a connection the worker closed or reset before
+        its answer was in (overloaded, crashing, restarting), count towards the worker's
+        circuit breaker and are retried after a short jittered pause, at most
+        RETRY_ATTEMPTS calls within RETRY_DEADLINE_S. A 4xx is the request's fault: no retry.
         """
         tried: list[Worker] = []
-        last: WorkerHTTPError | None = None
+        last: WorkerHTTPError | WorkerStreamBroken | None = None
         failed = 0
         deadline = time.monotonic() + RETRY_DEADLINE_S
         while True:
@@ -97,12 +98,15 @@ class Upstream:
                 self.pool.mark_down(worker, str(exc))
                 self.release()
                 continue
-            except WorkerHTTPError as exc:
+            except (WorkerHTTPError, WorkerStreamBroken) as exc:
                 self.release()
-                if exc.status < 500 and exc.status != 429:
+                if type(exc) is WorkerHTTPError and exc.status < 500 and exc.status != 429:
                     raise
                 last = exc
-                if exc.status not in (429, 503):
+                if type(exc) is not WorkerHTTPError:  # closed or reset before the answer was in
+                    self.pool.record_failure(worker, str(exc))
+                    failed += 1
+                elif exc.status not in (429, 503):
                     self.pool.record_failure(worker, f"answered {exc.status}: {exc.message}")
                     failed += 1
                 if failed >= RETRY_ATTEMPTS or time.monotonic() > deadline:
