@@ -124,6 +124,24 @@ def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: P
             assert router.stop() == 0
 
 
+def test_the_passthrough_skips_a_worker_that_drops_the_connection(tmp_path: Path, good_sim: str) -> None:
+    with BadWorker(0) as bad:
+        router = router_with(tmp_path, bad, good_sim)
+        try:
+            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+            for i in range(8):
+                for stream in (False, True):
+                    answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"hi {i}"}],
+                                                            stream=stream)
+                    text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream \
+                        else answer.choices[0].message.content
+                    assert text
+            assert bad.calls >= 3
+            assert "connection closed" in worker_state(router, bad.port)["last_error"]
+        finally:
+            assert router.stop() == 0
+
+
 def test_backpressure_goes_elsewhere_without_blame(tmp_path: Path, good_sim: str) -> None:
     with BadWorker(429) as busy:
         router = router_with(tmp_path, busy, good_sim)

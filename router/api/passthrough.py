@@ -1,7 +1,10 @@
 """``/v1/chat/completions`` and ``/v1/completions``: relayed to a worker of the model's pool.
 
 The body is parsed only to find and rewrite ``model``; the answer, streamed
-or not, goes back byte for byte.
+or not, goes back byte for byte. A worker that cannot be reached, or that
+closes the connection before its answer begins, is skipped for the next one
+(a 502 when none is left); an answer that began, an error status included,
+goes back as it came.
 """
 
 from __future__ import annotations
@@ -65,10 +68,13 @@ class PassthroughAPI:
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
         tried: list[Worker] = []
+        broke: WorkerStreamBroken | None = None
         while True:
             try:
                 worker = pool.pick(exclude=tried)
             except NoHealthyWorker as exc:
+                if broke is not None:
+                    raise UpstreamError(f"the worker failed: {broke}", code="upstream_error") from None
                 raise NoCapacity(f"no worker can serve model '{target.name}' now: {exc}", code="no_healthy_worker") from None
             tried.append(worker)
             worker.in_flight += 1
@@ -78,9 +84,13 @@ class PassthroughAPI:
                 worker.in_flight -= 1
                 pool.mark_down(worker, str(exc))
                 continue
-            except WorkerStreamBroken as exc:
+            except WorkerStreamBroken as exc:  # closed or reset before its answer began: the next worker
                 worker.in_flight -= 1
-                raise UpstreamError(f"the worker failed: {exc}", code="upstream_error") from None
+                pool.record_failure(worker, str(exc))
+                broke = exc
+                continue
+            if answer.status < 500:
+                pool.record_success(worker)
             break
         if not body.get("stream"):
             try:
