@@ -23,6 +23,7 @@ from router.dialects.chat_chunks import chunk_object
 from router.dialects.deltas import Delta, ReasoningDelta, ReasoningText, TextDelta, Usage
 from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
 from router.dialects.harmony_chunks import IdsTemplate, probe_ids
+from router.dialects.sglang_frames import CumulativeFrames
 from router.protocol.errors import InvalidRequest
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
@@ -51,8 +52,9 @@ class HarmonyTurn:
         self._prompt_tokens = 0
         self._generated = 0
         self._counts: GenerateStep | None = None  # the last token counts the engine reported
-        # vLLM's plain frames, read without parsing (SGLang's ids are cumulative: always parsed)
+        # vLLM's plain frames, read without parsing; SGLang's cumulative ones without what came before
         self._template = IdsTemplate() if engine != "sglang" else None
+        self._cumulative = CumulativeFrames() if engine == "sglang" else None
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
@@ -122,7 +124,7 @@ class HarmonyTurn:
 
     def _parsed(self, payload: bytes) -> Any:
         """A frame the template does not know, the general way (``chunk``); maybe learned from."""
-        frame = chunk_object(payload)
+        frame = self._cumulative.read(payload) if self._cumulative is not None else chunk_object(payload)
         if "error" in frame and "choices" not in frame:
             return frame  # the worker's error: the stream reads it
         deltas = self.chunk(frame)
