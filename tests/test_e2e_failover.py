@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -93,6 +94,17 @@ pool = "p"
     return start_router(tmp, body)
 
 
+@contextmanager
+def pool_of(tmp: Path, status: int, good: str) -> Iterator[tuple[BadWorker, RouterProcess, openai.OpenAI]]:
+    """A round-robin pool of a ``BadWorker(status)`` and the good sim, the router in front, an SDK client."""
+    with BadWorker(status) as bad:
+        router = router_with(tmp, bad, good)
+        try:
+            yield bad, router, openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+        finally:
+            assert router.stop() == 0
+
+
 def worker_state(router: RouterProcess, port: int) -> dict:
     with urllib.request.urlopen(router.base_url + "/health") as resp:
         workers = json.loads(resp.read())["pools"][0]["workers"]
@@ -103,53 +115,38 @@ def worker_state(router: RouterProcess, port: int) -> dict:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: Path, good_sim: str, stream: bool,
                                                                      status: int, why: str) -> None:
-    with BadWorker(status) as bad:
-        router = router_with(tmp_path, bad, good_sim)
-        try:
-            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
-            for i in range(12):
-                if stream:
-                    with client.responses.stream(model="m", input=f"hi {i}") as s:
-                        assert s.get_final_response().status == "completed"
-                else:
-                    assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
-            state = worker_state(router, bad.port)
-            assert state["circuit"] == "open" and why in state["last_error"]
-            calls = bad.calls
-            assert calls >= 5
-            for i in range(5):  # while open, nothing is sent to it
-                client.responses.create(model="m", input=f"more {i}")
-            assert bad.calls == calls
-        finally:
-            assert router.stop() == 0
+    with pool_of(tmp_path, status, good_sim) as (bad, router, client):
+        for i in range(12):
+            if stream:
+                with client.responses.stream(model="m", input=f"hi {i}") as s:
+                    assert s.get_final_response().status == "completed"
+            else:
+                assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
+        state = worker_state(router, bad.port)
+        assert state["circuit"] == "open" and why in state["last_error"]
+        calls = bad.calls
+        assert calls >= 5
+        for i in range(5):  # while open, nothing is sent to it
+            client.responses.create(model="m", input=f"more {i}")
+        assert bad.calls == calls
 
 
 def test_the_passthrough_skips_a_worker_that_drops_the_connection(tmp_path: Path, good_sim: str) -> None:
-    with BadWorker(0) as bad:
-        router = router_with(tmp_path, bad, good_sim)
-        try:
-            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
-            for i in range(8):
-                for stream in (False, True):
-                    answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"hi {i}"}],
-                                                            stream=stream)
-                    text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream \
-                        else answer.choices[0].message.content
-                    assert text
-            assert bad.calls >= 3
-            assert "connection closed" in worker_state(router, bad.port)["last_error"]
-        finally:
-            assert router.stop() == 0
+    with pool_of(tmp_path, 0, good_sim) as (bad, router, client):
+        for i in range(8):
+            for stream in (False, True):
+                answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"hi {i}"}],
+                                                        stream=stream)
+                text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream \
+                    else answer.choices[0].message.content
+                assert text
+        assert bad.calls >= 3
+        assert "connection closed" in worker_state(router, bad.port)["last_error"]
 
 
 def test_backpressure_goes_elsewhere_without_blame(tmp_path: Path, good_sim: str) -> None:
-    with BadWorker(429) as busy:
-        router = router_with(tmp_path, busy, good_sim)
-        try:
-            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
-            for i in range(10):
-                assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
-            assert busy.calls >= 3
-            assert worker_state(router, busy.port)["circuit"] == "closed"  # 429 is not the worker's fault
-        finally:
-            assert router.stop() == 0
+    with pool_of(tmp_path, 429, good_sim) as (busy, router, client):
+        for i in range(10):
+            assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
+        assert busy.calls >= 3
+        assert worker_state(router, busy.port)["circuit"] == "closed"  # 429 is not the worker's fault
