@@ -135,3 +135,22 @@ def test_kept_messages_are_not_built_again(enc: HarmonyEncoding, monkeypatch: py
     assert len(heads) == 1 and len(built) == 5  # nothing built the second time
     assert prompt("low") == expected["low"]  # another head: built and rendered; the rest still kept
     assert len(heads) == 2 and len(built) == 5
+
+
+def test_schemas_that_render_apart_are_kept_apart(enc: HarmonyEncoding) -> None:
+    """NaN, infinity and null (which JSON serializers make one), 1 and 1.0: each its own head
+    (openai-harmony refuses NaN and infinity: so must the kept renderings, every time)."""
+    def outcome(render: Any) -> Any:
+        try:
+            return render()
+        except ValueError as exc:
+            return type(exc)
+
+    cache = harmony_render.RenderedMessages(enc)
+    items = _turn("user", "hi", 0)
+    for default in (None, float("nan"), float("inf"), 1, 1.0, True, "1", None, float("nan")):
+        tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"type": "number", "default": default}}}}]
+        opts = {"instructions": None, "tools": tools, "reasoning_effort": None, "current_date": "2026-11-29"}
+        kept = outcome(lambda: cache.prompt(*prompt_specs(items, **opts)))  # noqa: B023 - called at once
+        assert kept == outcome(lambda: whole(enc, items, opts)), default  # noqa: B023

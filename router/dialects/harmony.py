@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson
 from openai_harmony import (
     DeveloperContent,
     HarmonyEncoding,
@@ -118,13 +117,11 @@ def render_prompt(items: Sequence[Item], *, encoding: HarmonyEncoding, **options
     return rendered_messages(encoding).prompt(*prompt_specs(items, **options))
 
 
-def _json_key(value: Any) -> bytes:
-    """A key for JSON data (function tools' schemas): orjson's bytes, or the standard
-    library's for what orjson refuses (an integer past 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value).encode()
+def _json_key(value: Any) -> str:
+    """A key for JSON-like data (function tools' schemas) that tells apart whatever renders
+    apart: ``repr`` keeps order and types (1, 1.0, True, "1") and NaN and infinities, which
+    JSON serializers turn into null (the request parser accepts them)."""
+    return repr(value)
 
 
 def _history(items: Sequence[Item]) -> list[MessageSpec]:

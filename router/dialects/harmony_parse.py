@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 
 from openai_harmony import HarmonyEncoding, HarmonyError
 
