@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -171,3 +172,20 @@ def test_encrypted_reasoning_in_a_stateless_tool_loop(oss: openai.OpenAI) -> Non
     with pytest.raises(openai.BadRequestError) as err:
         oss.responses.create(model="oss-vllm", input=[*user, blob, *tail], tools=[WEATHER], store=False)
     assert err.value.body["code"] == "invalid_encrypted_content"
+
+
+def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: openai.OpenAI) -> None:
+    """The request parser reads NaN and Infinity; openai-harmony cannot render them: a clear 400."""
+    anchor = oss.responses.create(model="oss-vllm", input="before [sim:tokens=3]")
+    for stream in ("false", "true"):
+        body = ('{"model":"oss-vllm","input":"hi","stream":%s,"previous_response_id":"%s","tools":[{"type":"function",'
+                '"name":"f","parameters":{"type":"object","properties":{"x":{"type":"number","default":NaN}}}}]}'
+                % (stream, anchor.id))
+        resp = httpx.post(harmony_router.base_url + "/v1/responses", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "tools" and error["code"] == "invalid_tools"
+    # Nothing was disturbed: the chain goes on.
+    assert oss.responses.retrieve(anchor.id).status == "completed"
+    assert oss.responses.create(model="oss-vllm", input="after", previous_response_id=anchor.id).status == "completed"
