@@ -175,7 +175,7 @@ def test_encrypted_reasoning_in_a_stateless_tool_loop(oss: openai.OpenAI) -> Non
 
 
 def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: openai.OpenAI) -> None:
-    """NaN is no JSON number (openai-harmony could not render it): a clear 400, nothing disturbed."""
+    """The request parser reads NaN and Infinity; openai-harmony cannot render them: a clear 400."""
     anchor = oss.responses.create(model="oss-vllm", input="before [sim:tokens=3]")
     for stream in ("false", "true"):
         body = ('{"model":"oss-vllm","input":"hi","stream":%s,"previous_response_id":"%s","tools":[{"type":"function",'
@@ -185,7 +185,7 @@ def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: 
                           headers={"content-type": "application/json"}, timeout=30)
         assert resp.status_code == 400, resp.text
         error = resp.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json" and "NaN" in error["message"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "tools" and error["code"] == "invalid_tools"
     # Nothing was disturbed: the chain goes on.
     assert oss.responses.retrieve(anchor.id).status == "completed"
     assert oss.responses.create(model="oss-vllm", input="after", previous_response_id=anchor.id).status == "completed"

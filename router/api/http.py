@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import zlib
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -222,23 +221,9 @@ def parse_model(model: type[M], body: bytes) -> M:
     if not body.strip():
         raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
     try:
-        parsed = model.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    if b"NaN" in body or b"Infinity" in body:
-        _refuse_non_finite(body)
-    return parsed
-
-
-def _refuse_non_finite(body: bytes) -> None:
-    """The parser reads NaN and Infinity, which JSON has no place for: a worker would get them
-    as null (orjson) and openai-harmony refuses them. Only bodies holding those words are read
-    again (these words inside strings are fine)."""
-    def refuse(word: str) -> None:
-        raise InvalidRequest(f"We could not parse the JSON body of your request: {word} is not a JSON number.",
-                             code="invalid_json")
-
-    json.loads(body, parse_constant=refuse)
 
 
 def validation_error(exc: ValidationError) -> InvalidRequest:

@@ -86,8 +86,12 @@ class HarmonyTurn:
         # gpt-oss knows its own browser and python tools; the router runs them through its backends.
         builtins = [name for kind, name in (("web_search", "browser"), ("code_interpreter", "python"))
                     if any(t.kind == kind for t in offered)]
-        return render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
-                             reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
+        try:
+            return render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
+                                 reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
+        except ValueError as exc:  # openai-harmony refuses what is not JSON: a NaN or Infinity in a tool's schema
+            raise InvalidRequest(f"The tools could not be rendered for this model: {exc}", param="tools",
+                                 code="invalid_tools") from None
 
     def _max_tokens(self, prompt: int) -> int | None:
         """The pool's context minus the prompt, capped by max_output_tokens."""
