@@ -83,6 +83,18 @@ def test_a_cumulative_stream_is_read_without_what_came_before() -> None:
             assert frame == {"text": "", "output_ids": [1000 + n], "meta_info": meta, "index": 0}
 
 
+def test_incremental_ids_with_the_text_so_far_are_read_without_the_text() -> None:
+    """Late-2025 builds: each frame's new ids, but all the text so far."""
+    frames = CumulativeFrames()
+    text = ""
+    for n in range(50):
+        text += f" w{n}"
+        meta = {"completion_tokens": 2 * (n + 1)}
+        frame = frames.read(orjson.dumps({"text": text, "output_ids": [n, n], "meta_info": meta}))
+        assert frame["output_ids"] == [n, n] and frame["meta_info"] == meta
+        assert frame["text"] == (text if n == 0 else "")
+
+
 def test_an_id_that_only_grew_is_not_taken_for_a_new_one() -> None:
     frames = CumulativeFrames()
     meta = {"completion_tokens": 1}

@@ -1,21 +1,22 @@
 """SGLang's cumulative generate frames, read as the incremental frames they amount to.
 
 By default SGLang writes every id and all the text generated so far into each
-frame of a ``/generate`` stream (REFERENCE.md), so parsing every frame whole
-costs O(n) per frame and O(n^2) per stream: measured on the sim, a 3,000-token
-harmony answer cost 173 us of router CPU per token this way, 70 us as vLLM's
-incremental frames. gpt-oss answers often run to thousands of tokens.
+frame of a ``/generate`` stream (REFERENCE.md; late-2025 builds: the text so
+far, but only the new ids), so parsing every frame whole costs O(n) per frame
+and O(n^2) per stream: measured on the sim, a 3,000-token harmony answer cost
+173 us of router CPU per token this way, 70 us as vLLM's incremental frames.
+gpt-oss answers often run to thousands of tokens.
 
 Once a frame has been parsed whole, the next is read without what the previous
 one held: its bytes up to the text's value, the text so far and the bytes
-between the text and the ids must be the previous frame's, and its id array must
-continue the previous one. Only the new part is parsed: the frame comes back
-with ``text`` empty (the harmony dialect reads ids, never the text) and
-``output_ids`` holding the new ids alone, which is what an incremental frame
-says. It is taken only when sure: the ids so far plus the new ones must make
-``meta_info.completion_tokens``, which SGLang counts cumulatively, so a frame
-of an incremental stream that happens to repeat the previous ids is never cut.
-Anything else is parsed whole (and taught from).
+between the text and the ids must be the previous frame's. Only the rest is
+parsed: the frame comes back with ``text`` empty (the harmony dialect reads
+ids, never the text) and ``output_ids`` holding the new ids alone, which is
+what an incremental frame says: the ids after the previous frame's when the
+array begins with those (at an id's end), else the whole array. Either reading
+is taken only when sure: the ids so far plus the new ones must make
+``meta_info.completion_tokens``, which SGLang counts cumulatively. Anything
+else is parsed whole (and taught from).
 
 Pure; tests/test_sglang_frames.py compares it with whole parses on random streams.
 """
@@ -45,8 +46,8 @@ class CumulativeFrames:
         self._head = b""  # the bytes before the text's opening quote; empty until a frame taught it
         self._text = b""  # the text so far: from its opening quote up to its closing one
         self._middle = b""  # the bytes from the text's closing quote to the id array's "["
-        self._ids = b""  # the ids so far: from "[" up to "]"
-        self._count = 0  # how many ids those are
+        self._ids = b""  # the previous frame's id array: from "[" up to "]"
+        self._count = 0  # how many ids came so far (its completion_tokens)
 
     def read(self, payload: bytes) -> Any:
         """The payload parsed (``chunk_object``), or as its incremental frame when it continues the last."""
@@ -68,31 +69,35 @@ class CumulativeFrames:
             return None
         text_end = rest.end()
         ids_at = text_end + len(middle)
-        if not payload.startswith(middle, text_end) or not payload.startswith(self._ids, ids_at):
+        if not payload.startswith(middle, text_end) or payload[ids_at : ids_at + 1] != b"[":
             return None
-        new_at = ids_at + len(self._ids)
-        ids_end = payload.find(b"]", new_at)
+        ids_end = payload.find(b"]", ids_at)
         if ids_end < 0:
             return None
-        new = payload[new_at:ids_end]
-        if self._count:  # after the ids so far: nothing, or a comma and more
-            new = new.lstrip(_WS)
-            if new:
-                if new[0] != 44:  # ","
-                    return None  # the last id so far goes on (12 -> 123): not a continuation
-                new = new[1:]
-        try:
-            frame = orjson.loads(b'%s""%s[%s%s' % (head, middle, new, payload[ids_end:]))
-        except orjson.JSONDecodeError:
-            return None
-        if type(frame) is not dict:
-            return None
-        ids, meta = frame.get("output_ids"), frame.get("meta_info")
-        done = meta.get("completion_tokens") if type(meta) is dict else None
-        if type(ids) is not list or type(done) is not int or self._count + len(ids) != done:
-            return None
-        self._text, self._ids, self._count = payload[text_at : text_end - 1], payload[ids_at:ids_end], done
+        before = b'%s""%s[' % (head, middle)
+        new = self._after_ids_so_far(payload, ids_at, ids_end)
+        frame = _counted(before + new + payload[ids_end:], self._count) if new is not None else None
+        if frame is None:  # the ids are not cumulative (late-2025 builds): the array is all new
+            frame = _counted(before + payload[ids_at + 1 :], self._count)
+            if frame is None:
+                return None
+        self._text, self._ids = payload[text_at : text_end - 1], payload[ids_at:ids_end]
+        self._count = frame["meta_info"]["completion_tokens"]
         return frame
+
+    def _after_ids_so_far(self, payload: bytes, ids_at: int, ids_end: int) -> bytes | None:
+        """The bytes of the ids after the previous frame's, if the array begins with those; else None."""
+        if not payload.startswith(self._ids, ids_at) or ids_at + len(self._ids) > ids_end:
+            return None
+        new = payload[ids_at + len(self._ids) : ids_end]
+        if self._ids == b"[":
+            return new
+        new = new.lstrip(_WS)  # after the ids so far: nothing, or a comma and more
+        if not new:
+            return new
+        if new[0] != 44:  # ","
+            return None  # the last id so far goes on (12 -> 123): not a continuation
+        return new[1:]
 
     def _learn(self, payload: bytes, frame: dict[str, Any]) -> None:
         """Where a whole frame's text and ids are, if they are plainly there; else nothing is kept."""
@@ -114,7 +119,26 @@ class CumulativeFrames:
         except orjson.JSONDecodeError:
             return
         self._head, self._middle = payload[:text_at], payload[text_end:ids_at]
-        self._text, self._ids, self._count = payload[text_at : text_end - 1], payload[ids_at:ids_end], len(ids)
+        meta = frame.get("meta_info")
+        done = meta.get("completion_tokens") if type(meta) is dict else None
+        self._text, self._ids = payload[text_at : text_end - 1], payload[ids_at:ids_end]
+        self._count = done if type(done) is int else len(ids)
+
+
+def _counted(data: bytes, count: int) -> dict[str, Any] | None:
+    """``data`` parsed, if it is a frame whose ids are new ones that, after ``count`` so far,
+    make its ``completion_tokens``; else None."""
+    try:
+        frame = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if type(frame) is not dict:
+        return None
+    ids, meta = frame.get("output_ids"), frame.get("meta_info")
+    done = meta.get("completion_tokens") if type(meta) is dict else None
+    if type(ids) is not list or type(done) is not int or count + len(ids) != done:
+        return None
+    return frame
 
 
 def _value(payload: bytes, key: bytes, opens: bytes) -> int:
