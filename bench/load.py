@@ -91,7 +91,8 @@ class Conn(asyncio.Protocol):
         self.nbytes = 0
         self.headers_at = 0.0
         self.on_headers: Any = None  # callable, for counting open streams
-        self.failure = b""  # the start of a body that is not a 200's: the error saying why
+        self.failing = False  # the answer's status is not 200
+        self.failure = b""  # the start of such a body: the error saying why
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -113,13 +114,14 @@ class Conn(asyncio.Protocol):
     # httptools callbacks
     def on_headers_complete(self) -> None:
         self.headers_at = time.perf_counter()
+        self.failing = self.parser.get_status_code() != 200
         if self.on_headers is not None:
             self.on_headers()
 
     def on_body(self, body: bytes) -> None:
         self.chunks += 1
         self.nbytes += len(body)
-        if len(self.failure) < 512 and self.parser.get_status_code() != 200:
+        if self.failing and len(self.failure) < 512:
             self.failure += body[:512]
         if self.token is None:
             return
@@ -138,7 +140,7 @@ class Conn(asyncio.Protocol):
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
         self.tail, self.tokens, self.saw_done, self.chunks, self.nbytes = b"", 0, False, 0, 0
-        self.headers_at, self.failure = 0.0, b""
+        self.headers_at, self.failing, self.failure = 0.0, False, b""
         self.transport.write(raw)
         return await self.waiter
 

@@ -100,14 +100,15 @@ class Upstream:
                 continue
             except (WorkerHTTPError, WorkerStreamBroken) as exc:
                 self.release()
-                if type(exc) is WorkerHTTPError and exc.status < 500 and exc.status != 429:
-                    raise
+                if isinstance(exc, WorkerHTTPError):
+                    if exc.status < 500 and exc.status != 429:
+                        raise
+                    fault = None if exc.status in (429, 503) else f"answered {exc.status}: {exc.message}"
+                else:  # closed or reset before the answer was in
+                    fault = str(exc)
                 last = exc
-                if type(exc) is not WorkerHTTPError:  # closed or reset before the answer was in
-                    self.pool.record_failure(worker, str(exc))
-                    failed += 1
-                elif exc.status not in (429, 503):
-                    self.pool.record_failure(worker, f"answered {exc.status}: {exc.message}")
+                if fault is not None:
+                    self.pool.record_failure(worker, fault)
                     failed += 1
                 if failed >= RETRY_ATTEMPTS or time.monotonic() > deadline:
                     raise
