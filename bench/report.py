@@ -52,7 +52,8 @@ def _cpu(result: dict[str, Any], proc: str) -> tuple[float, float]:
 
 
 def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], routed: dict[int, dict[str, Any]],
-                 cpu_target: float) -> list[Row]:
+                 cpu_target: float, paired: bool = False) -> list[Row]:
+    """With ``paired``, the c=1 latency verdict is the paired row's (``_paired_rows``), not this one's."""
     rows: list[Row] = []
     for c in sorted(routed):
         d, r = direct[c], routed[c]
@@ -61,9 +62,12 @@ def _closed_rows(item: str, label: str, direct: dict[int, dict[str, Any]], route
                         f"{r['rps'] / d['rps']:.2f}x"))
         added = r["p50_ms"] - d["p50_ms"]
         target = f"added <= {T_ADDED_P50_MS} ms" if c == 1 else ""
+        judged = c == 1 and not paired
+        if c == 1 and paired:
+            target = "verdict: paired row"
         rows.append(Row(item, f"{label} c={c} p50 ms", f"{d['p50_ms']:.2f}", f"{r['p50_ms']:.2f}",
                         f"{r['p50_ms'] / d['p50_ms']:.2f}x, {added:+.2f} ms", target,
-                        _verdict(added, T_ADDED_P50_MS) if c == 1 else ""))
+                        _verdict(added, T_ADDED_P50_MS) if judged else ""))
         rows.append(Row(item, f"{label} c={c} p99 ms", f"{d['p99_ms']:.2f}", f"{r['p99_ms']:.2f}",
                         f"{r['p99_ms'] / d['p99_ms']:.2f}x, {r['p99_ms'] - d['p99_ms']:+.2f} ms"))
         cpu, sched = _cpu(r, "router")
@@ -89,9 +93,11 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
             rows.append(Row("1", "chat passthrough, router vs direct", router=NA_CHAT,
                             target=f"<= {T_CHAT_CPU_US:.0f} us CPU/request"))
         else:
-            rows += _closed_rows("1", "chat passthrough", direct or {}, res["chat"], T_CHAT_CPU_US)
+            rows += _closed_rows("1", "chat passthrough", direct or {}, res["chat"], T_CHAT_CPU_US, "paired" in res)
     if "responses" in res:
-        rows += _closed_rows("2", "responses store=true", direct or {}, res["responses"], T_CREATE_CPU_US)
+        rows += _closed_rows("2", "responses store=true", direct or {}, res["responses"], T_CREATE_CPU_US,
+                             "paired" in res)
+    rows += _paired_rows(res.get("paired"))
     if "nostore" in res and "responses" in res:
         n, r = res["nostore"], res["responses"][32]
         us_n = _us(n["procs"]["router"]["cpu_s"], n["requests"])
@@ -105,6 +111,40 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
     rows += _stream_rows(res)
     rows += _harmony_rows(res)
     return sorted(rows, key=lambda r: int(r.item))  # stable: item 6 (CPU at c=32) after 5
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _paired_rows(paired: dict[str, list[dict[str, float]]] | None) -> list[Row]:
+    """c=1 from alternating blocks (``scenarios.c1_paired``): medians of the blocks' differences."""
+    if not paired:
+        return []
+
+    def med(kind: str, key: str) -> float:
+        return _median([block[key] for block in paired[kind]])
+
+    direct = paired["direct"]
+    shape = f"median of {len(direct)} blocks of {direct[0]['requests']}"
+    rows = []
+    for item, kind, label in (("1", "passthrough", "chat passthrough"), ("2", "create", "responses store=true")):
+        runs = paired[kind]
+        added = [r["p50_ms"] - d["p50_ms"] for r, d in zip(runs, direct)]
+        failed = sum(r["requests"] - r["ok"] for r in runs)
+        rows.append(Row(item, f"{label} c=1 added p50 ms, paired ({shape})", f"{med('direct', 'p50_ms'):.2f}",
+                        f"{med(kind, 'p50_ms'):.2f}" + (f" ({failed} errors)" if failed else ""),
+                        f"{_median(added):+.2f} ms (blocks {min(added):+.2f} to {max(added):+.2f})",
+                        f"added <= {T_ADDED_P50_MS} ms", _verdict(_median(added), T_ADDED_P50_MS)))
+    create, nostore, sim_alone = med("create", "router_us"), med("create_nostore", "router_us"), med("direct", "sim_us")
+    rows.append(Row("2", "c=1 CPU us/request, paired (schedstat, medians)", f"sim alone: {sim_alone:.0f}",
+                    f"router: create {create:.0f} (store=false {nostore:.0f}: persisting ~{create - nostore:.0f}), "
+                    f"passthrough {med('passthrough', 'router_us'):.0f}; the sim behind it: "
+                    f"{med('create', 'sim_us'):.0f} (create), {med('passthrough', 'sim_us'):.0f} (passthrough)",
+                    f"sim +{med('create', 'sim_us') - sim_alone:.0f} us behind the router"))
+    return rows
 
 
 def _harmony_rows(res: dict[str, Any]) -> list[Row]:

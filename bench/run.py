@@ -6,7 +6,8 @@ process, prints a table of ratios against the targets of the performance
 issue and appends it, with the machine's description, to bench/RESULTS.md.
 
 Phases: (A) one sim + one router: direct chat baseline, chat passthrough
-(when the route exists), /v1/responses non-stream, streaming CPU per token;
+(when the route exists), /v1/responses non-stream, c=1 again in alternating
+blocks (the latency verdict: no drift between baseline and router), streaming CPU per token;
 (B) a fresh sim + router: 1,000 concurrent open streams (RSS per stream);
 (C) bench/chain_load.py's run() when that file exists; (D) item 7: bench/affinity.py,
 affinity vs round robin on prefix-caching sims (its own workers and routers).
@@ -110,6 +111,9 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
                     res["responses"] = scenarios.responses_nonstream(router, sim, s, layout)
                     _step("beside item 2: the same with store=false at c=32")
                     res["nostore"] = scenarios.responses_nostore(router, sim, s, layout)
+                if items & {"1", "2"}:
+                    _step("beside items 1 and 2: c=1 in alternating blocks (direct, passthrough, create, store=false)")
+                    res["paired"] = scenarios.c1_paired(router, sim, s, layout)
                 if "3" in items:
                     _step(f"item 3: streaming, 1 and {s.stream_c64} streams of {s.stream_tokens} tokens")
                     res["streaming"] = scenarios.streaming_cpu(router, sim, s, layout)

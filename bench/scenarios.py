@@ -60,12 +60,15 @@ class Settings:
     # 4b: the burst shape of the issue (20 ms x 200 tokens: ~50k tokens/s asked); 0 tokens skips it
     burst_tokens: int = 200
     burst_itl_ms: int = 20
+    # Beside items 1 and 2: c=1 in alternating blocks (direct, passthrough, create, create store=false)
+    paired_blocks: int = 8
+    paired_requests: int = 250
     max_s: float = 90.0
 
     @classmethod
     def quick(cls) -> Settings:
         return cls(c1_requests=500, c1_warmup=100, c32_requests=3000, c32_warmup=300, stream_c1_rounds=2,
-                   stream_c64_itl_ms=8, burst_tokens=0)
+                   stream_c64_itl_ms=8, burst_tokens=0, paired_blocks=4, paired_requests=100)
 
 
 def run_load(job: Job) -> dict[str, Any]:
@@ -143,6 +146,31 @@ def responses_nostore(router: Proc, sim: Proc, s: Settings, layout: Layout) -> d
     """Beside item 2: the same at c=32 with ``store: false``, so the difference is what persisting costs."""
     return _closed(router.port, "/v1/responses", responses_body(s.nonstream_tokens, store=False), 32,
                    s.c32_requests // 2, s.c32_warmup, layout, {"router": router.pid, "sim": sim.pid}, s.max_s)
+
+
+def c1_paired(router: Proc, sim: Proc, s: Settings, layout: Layout) -> dict[str, list[dict[str, float]]]:
+    """Beside items 1 and 2: c=1 in ``paired_blocks`` rounds of four short runs back to back (direct
+    chat, the passthrough, create with store: true, create with store: false).
+
+    The c=1 phases of items 1 and 2 run minutes after the baseline, and this host's speed
+    drifts by a third in that time; a block's runs see the same host, so the median of the
+    blocks' differences is the added latency without the drift. Each run also reads the
+    CPU per request of the router and of the sim: the sim, alone on its CPU in the
+    baseline, shares it with the router behind it."""
+    kinds = {"direct": (sim.port, "/v1/chat/completions", chat_body(s.nonstream_tokens)),
+             "passthrough": (router.port, "/v1/chat/completions", chat_body(s.nonstream_tokens)),
+             "create": (router.port, "/v1/responses", responses_body(s.nonstream_tokens)),
+             "create_nostore": (router.port, "/v1/responses", responses_body(s.nonstream_tokens, store=False))}
+    watch = {"router": router.pid, "sim": sim.pid}
+    out: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    for _ in range(s.paired_blocks):
+        for kind, (port, path, body) in kinds.items():
+            r = _closed(port, path, body, 1, s.paired_requests, 20, layout, watch, s.max_s)
+            n = r["requests"]
+            out[kind].append({"p50_ms": r["p50_ms"], "ok": r["ok"], "requests": n,
+                              "router_us": r["procs"]["router"]["sched_s"] / n * 1e6,
+                              "sim_us": r["procs"]["sim"]["sched_s"] / n * 1e6})
+    return out
 
 
 # ---------------------------------------------------------------- items 3, 4
