@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -152,6 +155,15 @@ def test_oversized_body(http: httpx.Client, strict: RouterProcess) -> None:
         assert_error(c.post("/v1/responses", content=chunks), 413, code="request_too_large")
         ok = c.post("/v1/responses", json={"model": MODEL, "input": "small"})
         assert ok.status_code == 200, ok.text
+    # urllib sends "Connection: close": the 413 must still arrive, not a reset while it sends
+    # (the body is far larger than the sockets' buffers).
+    huge = b'{"model": "sim-chat", "input": "' + b"x" * (8 << 20) + b'"}'
+    request = urllib.request.Request(strict.base_url + "/v1/responses", data=huge, headers={
+        "content-type": "application/json", "authorization": f"Bearer {KEY_A}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 413
+    assert json.loads(refused.value.read())["error"]["code"] == "request_too_large"
 
 
 # -- broken workers ----------------------------------------------------------

@@ -58,9 +58,10 @@ def refused_body(error: APIError, headers: Headers) -> Body:
     """An answer given before the body was read to its end (it is too large).
 
     The rest of the body is read and dropped, and the connection goes on, as
-    uvicorn does, except for a client waiting for ``100 Continue``: it may never
-    send the body the server now expects, so that connection closes after the
-    answer (RFC 9110 10.1.1).
+    uvicorn does (or, after ``Connection: close``, the router's protocol closes
+    it once the body is read), except for a client waiting for ``100 Continue``:
+    it may never send the body the server now expects, so that connection
+    closes after the answer (RFC 9110 10.1.1).
     """
     waiting = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
     return error_body(error, {"connection": "close"} if waiting else None)

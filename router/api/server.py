@@ -12,7 +12,9 @@ Everything else (other routes, upgrades to WebSocket) is uvicorn's code.
 Keep-alive, pipelining (a request that arrives while the previous answer is
 still being made waits its turn), ``Expect: 100-continue``, client
 disconnects and graceful shutdown behave as in uvicorn; tests/test_server.py
-checks each on a raw socket.
+checks each on a raw socket. One difference: a connection that closes after a
+413 given before the body was all read closes only once that body is read
+(``HotCycle._end_connection``), where uvicorn's reset would lose the answer.
 
 Stream chunks without the ASGI round trip: ``scope["extensions"]["router.chunk_writer"]``
 takes the scope and an encoder and gives a writer for that streamed response: it
@@ -37,6 +39,10 @@ from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import internal_error
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# How long the rest of a refused body is read, at most, before a ``Connection: close`` answer's
+# connection closes anyway (nginx's lingering_time is 30 s too). A pause of more than the
+# keep-alive timeout (5 s) in the client's sending ends it sooner.
+LINGER_S = 30.0
 
 
 class RouterHttpProtocol(HttpToolsProtocol):
@@ -98,7 +104,10 @@ class RouterHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         cycle.more_body = False
-        if not cycle.started:
+        if cycle.linger is not None:  # the refused body is all read: closing now resets nothing
+            cycle.linger.cancel()
+            self.transport.close()
+        elif not cycle.started:
             self._start_hot(cycle)
 
     def _start_hot(self, cycle: HotCycle) -> None:
@@ -158,6 +167,7 @@ class HotCycle(RequestResponseCycle):
         self.previous = previous  # the cycle before it on this connection, until this one starts
         self.started = False
         self.too_large = False
+        self.linger: asyncio.TimerHandle | None = None  # set while a refused body is read before the close
 
     async def run_asgi(self, app: Any) -> None:
         """The handler's answer: a Body written here, a stream run through uvicorn's cycle."""
@@ -206,5 +216,21 @@ class HotCycle(RequestResponseCycle):
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:
-            self.transport.close()
+            self._end_connection()
         self.on_response()
+
+    def _end_connection(self) -> None:
+        """Close after an answer that ends the connection.
+
+        An answer given before the request's body was all read (a 413) is the one
+        case that waits: closing with the body's bytes unread makes the kernel reset
+        the connection, and a client still sending (urllib, which sends
+        ``Connection: close``) gets the reset instead of the answer. The rest of
+        the body is read and dropped, and the protocol closes at its end (or after
+        ``LINGER_S``). A client waiting for ``100 Continue`` may never send the
+        body: closed at once.
+        """
+        if self.more_body and not self.waiting_for_100_continue:
+            self.linger = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
