@@ -12,9 +12,10 @@ Everything else (other routes, upgrades to WebSocket) is uvicorn's code.
 Keep-alive, pipelining (a request that arrives while the previous answer is
 still being made waits its turn), ``Expect: 100-continue``, client
 disconnects and graceful shutdown behave as in uvicorn; tests/test_server.py
-checks each on a raw socket. One difference: a connection that closes after a
-413 given before the body was all read closes only once that body is read
-(``HotCycle._end_connection``), where uvicorn's reset would lose the answer.
+checks each on a raw socket. One difference: a connection that closes after an
+answer given before its request's body was all read (a 413) closes only once
+that body is read (``RouterHttpProtocol._linger``), where uvicorn's close
+makes a reset that loses the answer.
 
 Stream chunks without the ASGI round trip: ``scope["extensions"]["router.chunk_writer"]``
 takes the scope and an encoder and gives a writer for that streamed response: it
@@ -45,6 +46,21 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LINGER_S = 30.0
 
 
+class LingeringTransport(HeadHoldingTransport):
+    """The protocol's transport: ``close()`` asks ``linger`` first (``RouterHttpProtocol._linger``)."""
+
+    __slots__ = ("linger",)
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 linger: Callable[[], bool]) -> None:
+        super().__init__(transport, loop)
+        self.linger: Callable[[], bool] | None = linger
+
+    def close(self) -> None:
+        if self.linger is None or not self.linger():
+            super().close()
+
+
 class RouterHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a HeadHoldingTransport, with hot routes."""
 
@@ -56,7 +72,43 @@ class RouterHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.raw = transport  # the socket's own transport, for stream chunks
-        super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._lingering: asyncio.TimerHandle | None = None
+        self._shutting_down = False
+        super().connection_made(LingeringTransport(transport, self.loop, self._linger))  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport.linger = None  # type: ignore[attr-defined]  # the protocol <-> transport cycle ends here
+        if self._lingering is not None:
+            self._lingering.cancel()
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        self._shutting_down = True  # a close now is a close now
+        super().shutdown()
+
+    def _linger(self) -> bool:
+        """Whether to put off a close: when an answer that ends the connection came
+        before its request's body was all read (a 413, a 401 on an upload).
+
+        Closing with the body's bytes unread makes the kernel reset the connection,
+        and a client still sending (urllib sends ``Connection: close``) gets the
+        reset instead of the answer. So the rest of the body is read and dropped,
+        and the close comes at its end, or after ``LINGER_S`` (a pause longer than
+        the keep-alive timeout ends it sooner). A client waiting for ``100 Continue``
+        may never send the body: closed at once, as is every other close.
+        """
+        cycle = self.cycle
+        if (self._lingering is not None or self._shutting_down or cycle is None or not cycle.response_complete
+                or not cycle.more_body or cycle.waiting_for_100_continue):
+            return False
+        self._lingering = self.loop.call_later(LINGER_S, self._close_now)
+        return True
+
+    def _close_now(self) -> None:
+        if self._lingering is not None:
+            self._lingering.cancel()
+        self.transport.linger = None  # type: ignore[attr-defined]
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -102,11 +154,12 @@ class RouterHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if type(cycle) is not HotCycle:
             super().on_message_complete()
+            if self._lingering is not None:
+                self._close_now()
             return
         cycle.more_body = False
-        if cycle.linger is not None:  # the refused body is all read: closing now resets nothing
-            cycle.linger.cancel()
-            self.transport.close()
+        if self._lingering is not None:  # the body after an early answer is all read: the close resets nothing now
+            self._close_now()
         elif not cycle.started:
             self._start_hot(cycle)
 
@@ -167,7 +220,6 @@ class HotCycle(RequestResponseCycle):
         self.previous = previous  # the cycle before it on this connection, until this one starts
         self.started = False
         self.too_large = False
-        self.linger: asyncio.TimerHandle | None = None  # set while a refused body is read before the close
 
     async def run_asgi(self, app: Any) -> None:
         """The handler's answer: a Body written here, a stream run through uvicorn's cycle."""
@@ -216,21 +268,5 @@ class HotCycle(RequestResponseCycle):
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:
-            self._end_connection()
-        self.on_response()
-
-    def _end_connection(self) -> None:
-        """Close after an answer that ends the connection.
-
-        An answer given before the request's body was all read (a 413) is the one
-        case that waits: closing with the body's bytes unread makes the kernel reset
-        the connection, and a client still sending (urllib, which sends
-        ``Connection: close``) gets the reset instead of the answer. The rest of
-        the body is read and dropped, and the protocol closes at its end (or after
-        ``LINGER_S``). A client waiting for ``100 Continue`` may never send the
-        body: closed at once.
-        """
-        if self.more_body and not self.waiting_for_100_continue:
-            self.linger = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
-        else:
             self.transport.close()
+        self.on_response()
