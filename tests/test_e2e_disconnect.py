@@ -43,6 +43,43 @@ def test_leaving_a_responses_stream_stops_the_worker(router: RouterProcess, clie
     assert after.status == "completed" and len(after.output_text.split()) == 3
 
 
+def test_a_stream_its_client_leaves_is_stored_as_cancelled_with_what_it_had(
+        router: RouterProcess, client: openai.OpenAI) -> None:
+    """The client saw the id in response.created: retrieving it, or chaining on it, is not a 404.
+    The partial answer is kept (its message ``incomplete``); a conversation gets nothing of it."""
+    conversation = client.conversations.create()
+    for conv in (None, conversation.id):
+        extra = {"conversation": conv} if conv else {}
+        stream = client.responses.create(model=MODEL, input="[sim:tokens=20000] [sim:itl_ms=2]", stream=True, **extra)
+        rid, seen = None, ""
+        for event in stream:
+            if event.type == "response.created":
+                rid = event.response.id
+            elif event.type == "response.output_text.delta":
+                seen += event.delta
+                if len(seen.split()) >= 5:
+                    break
+        stream.close()
+        assert rid is not None
+        end = time.monotonic() + 15
+        stored = client.responses.retrieve(rid)
+        while stored.status == "in_progress" and time.monotonic() < end:
+            time.sleep(0.05)
+            stored = client.responses.retrieve(rid)
+        assert stored.status == "cancelled", stored.status
+        message = stored.output[0]
+        assert message.type == "message" and message.status == "incomplete"
+        assert stored.output_text.startswith(seen) and len(stored.output_text) >= len(seen)
+        items = client.responses.input_items.list(rid)
+        assert [i.type for i in items.data] == ["message"]
+        if conv is None:
+            after = client.responses.create(model=MODEL, input="[sim:tokens=2] go on", previous_response_id=rid)
+            assert after.status == "completed" and after.previous_response_id == rid
+        else:
+            assert client.conversations.items.list(conv).data == []
+    assert _until_idle(router) == 0
+
+
 def test_leaving_a_passthrough_stream_stops_the_worker(router: RouterProcess) -> None:
     assert _until_idle(router) == 0
     body = {"model": MODEL, "stream": True,

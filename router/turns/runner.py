@@ -6,11 +6,13 @@ streams; once streaming, a failure ends the response as ``failed`` (an
 ``error`` event, then ``response.failed``). When a turn ends with calls to
 tools the router runs (MCP, web search, code interpreter), they run
 concurrently and the next turn starts; function calls end the response. The
-response is persisted before its terminal event leaves.
+response is persisted before its terminal event leaves; a stream its client
+leaves is persisted as ``cancelled``, with what it had produced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -188,6 +190,10 @@ class ResponseRun:
             events = asm.finish(reason or self._unrunnable_call())
             await self._persist()
             yield events
+        except (asyncio.CancelledError, GeneratorExit):
+            if not background and self.response["status"] == "in_progress":
+                await self._abandoned()
+            raise
         finally:
             self._close_stream()
 
@@ -295,6 +301,13 @@ class ResponseRun:
         events = self._assembler.cancel()
         await self._persist()
         return events
+
+    async def _abandoned(self) -> None:
+        """The client left a foreground stream before its end: what it produced is stored as
+        ``cancelled`` (open items ``incomplete``), so the id the client already saw in
+        ``response.created`` can be retrieved, and chained on, instead of being a 404. Not
+        appended to a conversation. Background runs are not tied to a client: not here."""
+        await self.cancelled()
 
     async def failed(self, error: APIError) -> list[Event]:
         """Stopped by an error outside the stream (a crash of the task): record ``failed``."""
