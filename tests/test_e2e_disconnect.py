@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from typing import Any
 
 import httpx
 import openai
@@ -61,12 +62,8 @@ def test_a_stream_its_client_leaves_is_stored_as_cancelled_with_what_it_had(
                     break
         stream.close()
         assert rid is not None
-        end = time.monotonic() + 15
-        stored = client.responses.retrieve(rid)
-        while stored.status == "in_progress" and time.monotonic() < end:
-            time.sleep(0.05)
-            stored = client.responses.retrieve(rid)
-        assert stored.status == "cancelled", stored.status
+        stored = _settled(client, rid)  # the router stores it once it sees the client gone
+        assert stored is not None and stored.status == "cancelled", stored
         message = stored.output[0]
         assert message.type == "message" and message.status == "incomplete"
         assert stored.output_text.startswith(seen) and len(stored.output_text) >= len(seen)
@@ -78,6 +75,20 @@ def test_a_stream_its_client_leaves_is_stored_as_cancelled_with_what_it_had(
         else:
             assert client.conversations.items.list(conv).data == []
     assert _until_idle(router) == 0
+
+
+def _settled(client: openai.OpenAI, rid: str, deadline_s: float = 15.0) -> Any:
+    """The stored response once it exists and is no longer in progress (None at the deadline)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            stored = client.responses.retrieve(rid)
+        except openai.NotFoundError:
+            stored = None
+        if stored is not None and stored.status != "in_progress":
+            return stored
+        time.sleep(0.05)
+    return None
 
 
 def test_leaving_a_passthrough_stream_stops_the_worker(router: RouterProcess) -> None:

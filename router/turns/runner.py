@@ -191,8 +191,11 @@ class ResponseRun:
             await self._persist()
             yield events
         except (asyncio.CancelledError, GeneratorExit):
+            # The client left a foreground stream before its end: what it produced is stored as
+            # cancelled (open items incomplete), so the id it saw in response.created can be
+            # retrieved and chained on, not a 404. Background runs are not tied to a client.
             if not background and self.response["status"] == "in_progress":
-                await self._abandoned()
+                await self.cancelled()
             raise
         finally:
             self._close_stream()
@@ -296,18 +299,12 @@ class ResponseRun:
         return self._assembler.queued()
 
     async def cancelled(self) -> list[Event]:
-        """Stopped on request: record ``cancelled`` and return the last events."""
+        """Stopped on request, or left by its client: record ``cancelled`` (not appended to a
+        conversation) and return the last events."""
         self._close_stream()  # the worker sees the disconnect and stops generating
         events = self._assembler.cancel()
         await self._persist()
         return events
-
-    async def _abandoned(self) -> None:
-        """The client left a foreground stream before its end: what it produced is stored as
-        ``cancelled`` (open items ``incomplete``), so the id the client already saw in
-        ``response.created`` can be retrieved, and chained on, instead of being a 404. Not
-        appended to a conversation. Background runs are not tied to a client: not here."""
-        await self.cancelled()
 
     async def failed(self, error: APIError) -> list[Event]:
         """Stopped by an error outside the stream (a crash of the task): record ``failed``."""
