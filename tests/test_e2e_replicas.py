@@ -56,7 +56,7 @@ def test_background_on_a_replayed_and_cancelled_from_b(pair) -> None:  # type: i
     assert final.status == "completed" and len(final.output_text.split()) == 20
     long = a.responses.create(model=MODEL, input="long [sim:tokens=3000] [sim:itl_ms=20]", background=True)
     wait_for(b, long.id, {"in_progress"})
-    b.responses.cancel(long.id)
+    assert b.responses.cancel(long.id).status == "cancelled"  # b waits until a has stopped it
     assert wait_for(b, long.id, {"cancelled"}).status == "cancelled"
     deadline = time.monotonic() + 10
     while running_on_workers(router_a) and time.monotonic() < deadline:

@@ -127,7 +127,7 @@ def test_cancel_stops_the_worker(client: openai.OpenAI, router: RouterProcess) -
     while running_on_workers(router) == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     cancelled = client.responses.cancel(queued.id)
-    assert cancelled.id == queued.id
+    assert cancelled.id == queued.id and cancelled.status == "cancelled"  # the answer waits for the stop
     final = wait_for(client, queued.id, {"cancelled"})
     assert final.status == "cancelled"
     deadline = time.monotonic() + 10

@@ -27,6 +27,9 @@ Event = dict[str, Any]
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 ABANDONED = {"code": "router_stopped", "message": "The router running this background response stopped before it finished."}
+# How long a cancel request waits for the response to stop before it answers: the run here stops at
+# once; one on another replica sees the request at its next poll (``poll_s``).
+CANCEL_WAIT_S = 5.0
 
 
 class BackgroundRuns:
@@ -103,7 +106,9 @@ class BackgroundRuns:
             self._wake.pop(rid, None)
 
     async def cancel(self, body: dict[str, Any], owner: str) -> None:
-        """Ask whichever replica runs it to stop; raises 400 for a response that cannot be cancelled."""
+        """Ask whichever replica runs it to stop, and wait (at most ``CANCEL_WAIT_S``) until it has,
+        so the answer to a cancel says ``cancelled`` as clients expect; raises 400 for a response
+        that cannot be cancelled."""
         rid = body["id"]
         if not body.get("background"):
             raise InvalidRequest("Only responses created with background set to true can be cancelled.", param="response_id")
@@ -112,8 +117,17 @@ class BackgroundRuns:
                                  code="response_already_finished")
         if not await self.store.request_cancel(rid, owner):
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id", code="response_not_found")
-        if rid in self._runs:  # here: no need to wait for the poll
+        task = self._runs.get(rid)
+        if task is not None:  # here: no need to wait for the poll
             self._cancel_local(rid)
+            await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
+            return
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:  # another replica runs it: it stops at its next poll
+            await asyncio.sleep(self.poll_s / 5)
+            body = await self.store.get_response(rid, owner)
+            if body is None or body.get("status") in FINISHED:
+                return
 
     def _cancel_local(self, rid: str) -> None:
         task = self._runs.get(rid)
