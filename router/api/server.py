@@ -105,9 +105,9 @@ class RouterHttpProtocol(HttpToolsProtocol):
         return True
 
     def _close_now(self) -> None:
+        """The close put off by ``_linger`` (which, once lingering, lets every close through)."""
         if self._lingering is not None:
             self._lingering.cancel()
-        self.transport.linger = None  # type: ignore[attr-defined]
         self.transport.close()
 
     def on_message_begin(self) -> None:
