@@ -22,7 +22,9 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,8 +43,9 @@ def build_server() -> Any:
     def echo(text: str) -> str:
         return text
 
+    # At least 5 s (the sim's arguments keep to the schema): long enough to leave or cancel while it runs.
     @server.tool(description="Sleep, then say so.")
-    async def slow(seconds: float) -> str:
+    async def slow(seconds: Annotated[float, Field(ge=5, le=60)]) -> str:
         await asyncio.sleep(seconds)
         return f"slept {seconds}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,52 @@ def test_concurrent_calls_listing_reused_and_failures_fed_back(client: openai.Op
     failed = second.output[0]
     assert failed.status == "failed" and failed.error.type == "mcp_tool_execution_error"
     assert second.status == "completed" and second.output_text.startswith("tool said: error")
+
+
+def test_a_stream_left_while_a_tool_runs_stores_the_call_incomplete(client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    """The client leaves while the router runs an MCP call (``slow``: at least 5 s): the stored response
+    is ``cancelled`` and the call it was running ``incomplete``, not ``in_progress`` for ever."""
+    stream = client.responses.create(model=MODEL, input="wait [sim:call=mcp__calc__slow]", tools=[calc(servers)], stream=True)
+    rid = None
+    for event in stream:
+        if event.type == "response.created":
+            rid = event.response.id
+        elif event.type == "response.mcp_call_arguments.done":
+            break  # the model's turn is over; the call now runs on the router
+    stream.close()
+    assert rid is not None
+    deadline = time.monotonic() + 15
+    stored = None
+    while time.monotonic() < deadline:  # the router stores it once it sees the client gone
+        try:
+            stored = client.responses.retrieve(rid)
+        except openai.NotFoundError:
+            stored = None
+        if stored is not None and stored.status != "in_progress":
+            break
+        time.sleep(0.05)
+    assert stored is not None and stored.status == "cancelled", stored
+    assert types(stored) == ["mcp_list_tools", "mcp_call"]
+    call = stored.output[1]
+    assert call.name == "slow" and call.status == "incomplete" and call.output is None
+
+
+def test_a_background_replay_shows_a_running_tool_call_and_a_cancel_ends_it(
+        client: openai.OpenAI, servers: dict[str, Any]) -> None:
+    """The events before a pause (here the 5 s of ``slow``) reach the replay while the call runs, not
+    when the next events come; cancelling then stores the call ``incomplete``."""
+    queued = client.responses.create(model=MODEL, input="wait [sim:call=mcp__calc__slow]", tools=[calc(servers)],
+                                     background=True)
+    started = time.monotonic()
+    for event in client.responses.retrieve(queued.id, stream=True):
+        if event.type == "response.mcp_call_arguments.done":
+            break
+    assert time.monotonic() - started < 4, "the call's events were held back until it had run"
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled" and types(cancelled) == ["mcp_list_tools", "mcp_call"]
+    assert cancelled.output[1].status == "incomplete"
+    replayed = [e.type for e in client.responses.retrieve(queued.id, stream=True)]
+    assert replayed[-1] == "response.cancelled" and "response.mcp_call.completed" not in replayed
 
 
 def test_down_server_and_disallowed_url(client: openai.OpenAI, servers: dict[str, Any]) -> None:

@@ -167,6 +167,9 @@ class Assembler:
         for call in self._calls.values():
             call.abandon()
         self._calls = {}
+        for call in self.last_turn_calls:  # router-run calls of a closed turn, stopped while they ran
+            if isinstance(call, RouterCallItem) and call.pending:
+                call.abandon()
 
     def fail(self, error: APIError) -> list[Event]:
         """An ``error`` event, then ``response.failed`` with what was produced so far."""

@@ -30,6 +30,8 @@ ABANDONED = {"code": "router_stopped", "message": "The router running this backg
 # How long a cancel request waits for the response to stop before it answers: the run here stops at
 # once; one on another replica sees the request at its next poll (``poll_s``).
 CANCEL_WAIT_S = 5.0
+# Events wait at most this long in the log's buffer before they are written.
+FLUSH_S = 0.05
 
 
 class BackgroundRuns:
@@ -206,7 +208,9 @@ def _terminal(body: dict[str, Any], sequence_number: int) -> Event:
 
 
 class _EventLog:
-    """Buffers a response's events and writes them in small batches (at most every 50 ms)."""
+    """Buffers a response's events and writes them in small batches: at most ``FLUSH_S`` after the
+    first of a batch, even when nothing follows it for a while (a tool running, a slow worker), so
+    a replay never lags the run by more than that."""
 
     def __init__(self, store: BackgroundStore, rid: str, cap: int, wake: asyncio.Event) -> None:
         self._store = store
@@ -216,25 +220,49 @@ class _EventLog:
         self._pending: list[Event] = []
         self._written = 0
         self._last = 0.0
+        self._lock = asyncio.Lock()  # one write at a time: batches land in order
+        self._timer: asyncio.TimerHandle | None = None
+        self._later: asyncio.Task[None] | None = None  # the timer's flush, referenced while it runs
+        self._error: Exception | None = None  # the timer's flush failed: raised by the next add
 
     async def add(self, events: list[Event]) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
         self._pending += events
         terminal = bool(events) and events[-1]["type"] in TERMINAL
-        if terminal or time.monotonic() - self._last >= 0.05 or len(self._pending) >= 256:
+        wait = FLUSH_S - (time.monotonic() - self._last)
+        if terminal or wait <= 0 or len(self._pending) >= 256:
             await self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._timer = None
+        self._later = asyncio.get_running_loop().create_task(self._flush_in_time())
+
+    async def _flush_in_time(self) -> None:
+        try:
+            await self.flush()
+        except Exception as exc:  # noqa: BLE001 - the run sees it at its next add, as if that add had written
+            self._error = exc
 
     async def flush(self) -> None:
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        room = self._cap - self._written
-        if len(batch) > room:  # bounded: keep the terminal event so replays still end
-            batch = batch[: max(room - 1, 0)] + [batch[-1]] if room > 0 else []
-        if batch:
-            try:
-                await self._store.append_events(self._rid, batch)
-            except KeyError:  # the response was deleted while it ran: nothing left to replay
-                self._cap = 0
-            self._written += len(batch)
-        self._last = time.monotonic()
-        self._wake.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        async with self._lock:
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, []
+            room = self._cap - self._written
+            if len(batch) > room:  # bounded: keep the terminal event so replays still end
+                batch = batch[: max(room - 1, 0)] + [batch[-1]] if room > 0 else []
+            if batch:
+                try:
+                    await self._store.append_events(self._rid, batch)
+                except KeyError:  # the response was deleted while it ran: nothing left to replay
+                    self._cap = 0
+                self._written += len(batch)
+            self._last = time.monotonic()
+            self._wake.set()
