@@ -103,6 +103,11 @@ def stored_statuses(router: RouterProcess) -> dict[str, str]:
         (b'{"model": "sim-chat", "input": "hi", "background": true, "store": false}', "store", None),
         (b'{"model": "sim-chat", "input": "hi", "conversation": 5}', "conversation", None),
         (b'{"model": "sim-chat", "input": []}', "input", "empty_input"),
+        (b'{"model": "sim-chat", "input": "hi", "stream": "yes"}', "stream", "invalid_value"),
+        (b'{"model": "sim-chat", "input": [{"role": "user", "id": "msg_1", "content": "a"}, '
+         b'{"role": "user", "id": "msg_1", "content": "b"}]}', "input[1].id", "duplicate_item"),
+        (b'{"model": "sim-chat", "input": [{"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}, '
+         b'{"role": "user", "content": "and now?"}]}', "input", "tool_output_not_found"),
     ],
 )
 def test_malformed_bodies(http: httpx.Client, body: bytes, param: str | None, code: str | None) -> None:
@@ -110,6 +115,38 @@ def test_malformed_bodies(http: httpx.Client, body: bytes, param: str | None, co
     resp = http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
     assert_error(resp, 400, code=code, param=param)
     assert http.get("/health").json()["pools"][0]["healthy_workers"] == before["pools"][0]["healthy_workers"]
+
+
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def test_a_chain_refuses_unanswered_calls_and_repeated_items(client: openai.OpenAI, router: RouterProcess) -> None:
+    """As OpenAI does: a call of the previous response left without its output, or an item of the chain
+    sent again, is a 400 naming it; nothing is stored for the refused turn, and the chain goes on."""
+    asked = client.responses.create(model=MODEL, input="weather? [sim:call=get_weather]", tools=[WEATHER])
+    call = asked.output[0]
+    assert call.type == "function_call"
+    before = stored_statuses(router)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="never mind", tools=[WEATHER], previous_response_id=asked.id)
+    assert err.value.body["code"] == "tool_output_not_found" and err.value.body["param"] == "input"
+    assert call.call_id in err.value.body["message"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "rain"}
+    with pytest.raises(openai.BadRequestError) as err:  # the call again, beside previous_response_id
+        client.responses.create(model=MODEL, input=[call.model_dump(exclude_none=True), output], tools=[WEATHER],
+                                previous_response_id=asked.id)
+    assert err.value.body["code"] == "duplicate_item" and err.value.body["param"] == "input[0].id"
+    assert stored_statuses(router) == before
+    answered = client.responses.create(model=MODEL, input=[output], tools=[WEATHER], previous_response_id=asked.id)
+    assert answered.status == "completed" and answered.output_text
+
+
+def test_null_means_the_default(client: openai.OpenAI) -> None:
+    """The SDK types store, stream, background and parallel_tool_calls Optional: None is sent as null."""
+    response = client.responses.create(model=MODEL, input="hi [sim:tokens=2]", store=None, stream=None, background=None,
+                                       parallel_tool_calls=None)
+    assert response.status == "completed" and response.background is False and response.parallel_tool_calls is True
+    assert client.responses.retrieve(response.id).id == response.id  # stored: null store is the default, true
 
 
 def test_metadata_limits(client: openai.OpenAI) -> None:

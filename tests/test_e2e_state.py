@@ -60,6 +60,16 @@ def test_conversations_resource(client: openai.OpenAI) -> None:
     after_delete = client.conversations.items.delete(items.data[1].id, conversation_id=conv.id)
     assert after_delete.id == conv.id
     assert [i.content[0].text for i in client.conversations.items.list(conv.id, order="asc").data] == ["first", "reply"]
+    kept = [i.id for i in client.conversations.items.list(conv.id, order="asc").data]
+    again = {"type": "message", "role": "user", "content": "again", "id": items.data[0].id}
+    for batch in ([again], [{**again, "id": "msg_twice"}, {**again, "id": "msg_twice"}]):  # an id it has; one id twice
+        with pytest.raises(openai.BadRequestError) as err:
+            client.conversations.items.create(conv.id, items=batch)
+        assert err.value.body["code"] == "duplicate_item" and err.value.body["param"] == f"items[{len(batch) - 1}].id"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.conversations.create(items=[{**again, "id": "msg_twice"}, {**again, "id": "msg_twice"}])
+    assert err.value.body["code"] == "duplicate_item"
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc").data] == kept
     deleted = client.conversations.delete(conv.id)
     assert deleted.deleted is True
     with pytest.raises(openai.NotFoundError):
@@ -136,8 +146,14 @@ def test_cancel_stops_the_worker(client: openai.OpenAI, router: RouterProcess) -
     assert running_on_workers(router) == 0, "the worker kept generating after cancel"
     events = [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True)]
     assert events[-1]["type"] == "response.cancelled"
-    with pytest.raises(openai.BadRequestError):
-        client.responses.cancel(queued.id)  # already finished
+    again = client.responses.cancel(queued.id)  # cancelling twice is idempotent (OpenAI's background guide)
+    assert again.status == "cancelled" and again.output == final.output
+    finished = client.responses.create(model=MODEL, input="quick [sim:tokens=2]", background=True)
+    wait_for(client, finished.id, {"completed"})
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.cancel(finished.id)  # it ended on its own: nothing to cancel
+    assert err.value.body["code"] == "response_already_finished"
+    assert client.responses.retrieve(finished.id).status == "completed"
     foreground = client.responses.create(model=MODEL, input="quick")
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(foreground.id)

@@ -58,6 +58,7 @@ class ConversationsAPI:
         body = parse_model(CreateConversation, await read_body(request, self.max_body_bytes) or b"{}")
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items or [])]
         _no_references(items, "items")
+        await self._no_duplicates(None, owner, items)
         conversation = Conversation(new_id("conv"), owner, int(time.time()), body.metadata or {})
         await self.store.create_conversation(conversation, items)
         return json_response(_shape(conversation))
@@ -103,6 +104,7 @@ class ConversationsAPI:
         body = parse_model(AddItems, await read_body(request, self.max_body_bytes))
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items)]
         _no_references(items, "items")
+        await self._no_duplicates(cid, owner, items)
         if not await self.store.add_conversation_items(cid, owner, items):
             raise _not_found(cid)
         return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
@@ -124,6 +126,20 @@ class ConversationsAPI:
         if not await self.store.delete_conversation_item(cid, owner, item_id):
             raise NotFound(f"Item with id '{item_id}' not found.", param="item_id", code="item_not_found")
         return json_response(_shape(conversation))
+
+    async def _no_duplicates(self, cid: str | None, owner: str, items: list[dict[str, Any]]) -> None:
+        """An id the conversation ``cid`` (None: a new one) or an earlier item of the batch has already
+        is a 400, as OpenAI answers it: two items under one id would make ``after`` pages repeat and
+        one delete remove both."""
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            item_id = item.get("id")
+            if item_id is None:
+                continue
+            if item_id in seen or (cid is not None and await self.store.get_conversation_item(cid, owner, item_id) is not None):
+                raise InvalidRequest(f"Duplicate item found with id {item_id}. Remove duplicate items from your input "
+                                     "and try again.", param=f"items[{i}].id", code="duplicate_item")
+            seen.add(item_id)
 
     async def _get(self, request: Request, owner: str) -> Conversation:
         cid = request.path_params["conversation_id"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from router.protocol.errors import InvalidRequest
 
@@ -31,6 +31,16 @@ def _metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
 Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata_limits)]
 
 
+def _null_is(default: bool) -> BeforeValidator:
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
+# Booleans the SDK types ``Optional[bool]``: null (an explicit ``None``) means the default, and only
+# true and false are booleans (pydantic's lax mode would read "yes" or 1 as true).
+TrueByDefault = Annotated[bool, _null_is(True), Field(strict=True)]
+FalseByDefault = Annotated[bool, _null_is(False), Field(strict=True)]
+
+
 class CreateResponse(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -44,13 +54,13 @@ class CreateResponse(BaseModel):
     max_output_tokens: int | None = Field(None, ge=1)
     max_tool_calls: int | None = Field(None, ge=1)
     metadata: Metadata = None
-    store: bool = True
-    stream: bool = False
+    store: TrueByDefault = True
+    stream: FalseByDefault = False
     stream_options: dict[str, Any] | None = None
-    background: bool = False
+    background: FalseByDefault = False
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: TrueByDefault = True
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None

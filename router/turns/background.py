@@ -114,6 +114,8 @@ class BackgroundRuns:
         rid = body["id"]
         if not body.get("background"):
             raise InvalidRequest("Only responses created with background set to true can be cancelled.", param="response_id")
+        if body.get("status") == "cancelled":
+            return  # cancelling twice is idempotent: the caller answers with the response as it is
         if body.get("status") in FINISHED:
             raise InvalidRequest(f"Cannot cancel a response with status '{body['status']}'.", param="response_id",
                                  code="response_already_finished")
