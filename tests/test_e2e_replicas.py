@@ -64,6 +64,23 @@ def test_background_on_a_replayed_and_cancelled_from_b(pair) -> None:  # type: i
     assert running_on_workers(router_a) == 0, "a's worker kept generating after b cancelled"
 
 
+def test_deleted_on_b_while_a_runs_it(pair) -> None:  # type: ignore[no-untyped-def]
+    """a sees the delete at its next poll and stops; its last writes find nothing to update."""
+    router_a, _ = pair
+    a, b = map(sdk, pair)
+    long = a.responses.create(model=MODEL, input="long [sim:tokens=3000] [sim:itl_ms=20]", background=True)
+    wait_for(b, long.id, {"in_progress"})
+    b.responses.delete(long.id)
+    deadline = time.monotonic() + 10
+    while running_on_workers(router_a) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_on_workers(router_a) == 0, "a's worker kept generating for a response b deleted"
+    time.sleep(0.5)
+    for client in (a, b):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(long.id)
+
+
 def test_a_dead_replicas_background_response_fails(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
     doomed = replica(tmp_path / "doomed", pg_dsn, lease_s=1.0)
     survivor = replica(tmp_path / "survivor", pg_dsn, lease_s=1.0)

@@ -161,6 +161,26 @@ def test_cancel_stops_the_worker(client: openai.OpenAI, router: RouterProcess) -
         client.responses.retrieve(foreground.id, stream=True).close()
 
 
+def test_deleting_a_running_background_response_stops_it_and_it_stays_deleted(
+        client: openai.OpenAI, router: RouterProcess) -> None:
+    """The run is stopped (the worker with it), and its last writes do not bring it back."""
+    queued = client.responses.create(model=MODEL, input="long [sim:tokens=2000] [sim:itl_ms=10]", background=True)
+    wait_for(client, queued.id, {"in_progress"})
+    deleted = client.responses.delete(queued.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    deadline = time.monotonic() + 10
+    while running_on_workers(router) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_on_workers(router) == 0, "the worker kept generating for a deleted response"
+    time.sleep(0.5)  # what the stopped run would have written by now
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(queued.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(queued.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="go on", previous_response_id=queued.id)
+
+
 def test_background_failure_is_recorded(client: openai.OpenAI) -> None:
     queued = client.responses.create(model=MODEL, input="boom [sim:drop_after=2] [sim:tokens=10]", background=True)
     failed = wait_for(client, queued.id, {"failed"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sqlite3
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
 from router.state import postgres_background, sqlite_background
-from router.state.store import Conversation
+from router.state.store import Conversation, ResponseDeleted
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
 
@@ -166,18 +167,38 @@ def test_cancel_requests(backend: Backend) -> None:
         assert await s.cancel_requested(["r", "other", "old"]) == set()
         assert await s.request_cancel("r", "alice") is True
         assert await s.request_cancel("r", "alice") is True  # asking twice is fine
-        assert await s.cancel_requested(["r", "other", "nope"]) == {"r"}
+        assert await s.cancel_requested(["r", "other", "nope"]) == {"r", "nope"}  # nope: not stored, must stop
         assert await s.cancel_requested([]) == set()
         # The running response keeps re-putting itself: the request survives.
         await s.put_response(resp("r", status="in_progress", lease_holder="h", lease_until=NOW + 90, outputs=[msg("p")]))
         assert await s.cancel_requested(["r"]) == {"r"}
         got = await s.get_response("r", "alice")
         assert got is not None and got["status"] == "in_progress" and "cancel_requested" not in got
-        # A deleted response has no request left; written again under that id, it starts clean.
+        # A deleted response must stop (its run polls this); written again under that id, it starts clean.
         await s.delete_response("r", "alice")
-        assert await s.cancel_requested(["r"]) == set()
+        assert await s.cancel_requested(["r"]) == {"r"}
         await s.put_response(resp("r", status="queued", lease_holder="h", lease_until=NOW + 60))
         assert await s.cancel_requested(["r"]) == set()
+
+    backend.run(body, clock=lambda: NOW)
+
+
+def test_a_put_of_an_existing_response_never_brings_a_deleted_one_back(backend: Backend) -> None:
+    """A background run writes its progress with ``existing``: once the response is deleted, its
+    puts raise ResponseDeleted and write nothing (the row, its items, its events stay gone)."""
+    async def body(s: Any) -> None:
+        running = resp("r", status="in_progress", lease_holder="h", lease_until=NOW + 60)
+        await s.put_response(running)
+        done = replace(resp("r", outputs=[msg("answer", role="assistant")]), existing=True)
+        await s.put_response(done)  # there: replaced as usual
+        assert (await s.get_response("r", "alice"))["status"] == "completed"
+        assert await s.delete_response("r", "alice") is True
+        with pytest.raises(ResponseDeleted):
+            await s.put_response(done)
+        assert await s.get_response("r", "alice") is None and await s.load_history("r", "alice") is None
+        with pytest.raises(ResponseDeleted):  # never stored at all: the same
+            await s.put_response(replace(resp("new"), existing=True))
+        assert await s.get_response("new", "alice") is None
 
     backend.run(body, clock=lambda: NOW)
 

@@ -96,6 +96,7 @@ class ResponsesAPI:
         rid = request.path_params["response_id"]
         if not await self.store.delete_response(rid, owner):
             raise _not_found(rid)
+        self.background.deleted(rid)
         return json_response({"id": rid, "object": "response.deleted", "deleted": True})
 
     async def input_items(self, request: Request) -> Body:

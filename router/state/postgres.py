@@ -35,7 +35,7 @@ import orjson
 from router.state.common import check_page, decode_bodies, item_id
 from router.state.postgres_background import PostgresBackground
 from router.state.postgres_conversations import PostgresConversations
-from router.state.store import Item, ItemPage, Order, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseDeleted, StoredResponse
 
 INPUT, OUTPUT = 0, 1
 # A chain deeper than this is treated as corrupt (a cycle written by a bug)
@@ -287,6 +287,8 @@ class PostgresStore(PostgresConversations, PostgresBackground):
                 item_ids.append(item_id(item))
                 bodies.append(orjson.dumps(item))
         async with self._pool.acquire() as conn, conn.transaction():
+            if r.existing and await conn.fetchval("SELECT 1 FROM responses WHERE id = $1 FOR UPDATE", r.id) is None:
+                raise ResponseDeleted(r.id)
             lease_until = None if r.lease_until is None else float(r.lease_until)
             row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, r.expires_at, body)
             if await conn.fetchval(_UPSERT_SQL, *row, r.lease_holder, lease_until) is None:

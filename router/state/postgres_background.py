@@ -44,7 +44,7 @@ _RENEW_SQL = "UPDATE responses SET lease_until = $3 WHERE id = ANY ($1::text[]) 
 
 _CANCEL_SQL = f"UPDATE responses AS r SET cancel_requested = true WHERE r.id = $1 AND r.owner = $2 AND {_LIVE} RETURNING 1"
 
-_CANCELLED_SQL = "SELECT id FROM responses WHERE id = ANY ($1::text[]) AND cancel_requested"
+_GOING_ON_SQL = "SELECT id FROM responses WHERE id = ANY ($1::text[]) AND NOT cancel_requested"
 
 _ABANDONED_SQL = f"""
 SELECT id, body FROM responses
@@ -107,7 +107,8 @@ class PostgresBackground:
     async def cancel_requested(self, response_ids: list[str]) -> set[str]:
         if not response_ids:
             return set()
-        return {rid for (rid,) in await self._pool.fetch(_CANCELLED_SQL, list(response_ids))}
+        going_on = {rid for (rid,) in await self._pool.fetch(_GOING_ON_SQL, list(response_ids))}
+        return set(response_ids) - going_on  # flagged, or no longer there
 
     async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
         """Mark failed, FAIL_BATCH per transaction (rows locked FOR UPDATE SKIP LOCKED, body read,

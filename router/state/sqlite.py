@@ -38,7 +38,7 @@ from router.state.common import check_page, decode_bodies, item_id, sqlite_page
 from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.sqlite_schema import MIGRATIONS
-from router.state.store import Item, ItemPage, Order, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseDeleted, StoredResponse
 
 T = TypeVar("T")
 
@@ -329,6 +329,8 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                 rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
         row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at,
                r.lease_holder, r.lease_until)
+        if r.existing and conn.execute("SELECT 1 FROM responses WHERE id = ?", (r.id,)).fetchone() is None:
+            raise ResponseDeleted(r.id)
         if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and all its items
             if conn.execute(_UPSERT_SQL, row).rowcount != 1:
                 # The id exists under another owner: never let one key overwrite another's.

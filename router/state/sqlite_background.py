@@ -103,10 +103,10 @@ class SQLiteBackground:
     async def cancel_requested(self, response_ids: list[str]) -> set[str]:
         if not response_ids:
             return set()
-        sql = "SELECT id FROM responses WHERE cancel_requested AND id IN (SELECT value FROM json_each(?))"
+        sql = "SELECT id FROM responses WHERE NOT cancel_requested AND id IN (SELECT value FROM json_each(?))"
         params = (orjson.dumps(list(response_ids)).decode(),)
         rows = await self._run(lambda conn: conn.execute(sql, params).fetchall())
-        return {rid for (rid,) in rows}
+        return set(response_ids) - {rid for (rid,) in rows}  # flagged, or no longer there
 
     async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
         """Mark failed, FAIL_BATCH per write transaction (read, modify, write the body under the

@@ -56,6 +56,13 @@ class StoredResponse:
     # Every response put as queued/in_progress needs a lease: ``fail_abandoned`` fails one without.
     lease_holder: str | None = None
     lease_until: float | None = None
+    # Put before by this run (a background response writing its progress): only ever update it, and
+    # raise ResponseDeleted if it is gone, so a response deleted while it ran is not written back.
+    existing: bool = False
+
+
+class ResponseDeleted(KeyError):
+    """A put with ``existing`` found no response to update: it was deleted meanwhile."""
 
 
 @dataclass(slots=True)
@@ -89,6 +96,8 @@ class Store(Protocol):
         that a put by the holder of the current lease never shortens it (a
         ``renew_leases`` may have extended it since this object was built). A
         pending cancel request is kept: a running response re-puts itself.
+        With ``existing`` set, a response that is no longer stored (deleted)
+        raises ``ResponseDeleted`` and nothing is written.
         """
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
@@ -205,7 +214,8 @@ class BackgroundStore(Protocol):
         The flag stays until the response is deleted; ``put_response`` never clears it."""
 
     async def cancel_requested(self, response_ids: list[str]) -> set[str]:
-        """Which of these responses have a cancel request (any owner: asked by the running replica)."""
+        """Which of these responses must stop: they have a cancel request, or they are no longer
+        stored (deleted while they ran). Any owner: asked by the running replica."""
 
     async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
         """Responses still ``queued``/``in_progress`` whose lease ended before ``now`` (or that have

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from router.protocol.errors import APIError, InvalidRequest, NotFound
-from router.state.store import BackgroundStore
+from router.state.store import BackgroundStore, ResponseDeleted
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.background")
@@ -87,20 +87,25 @@ class BackgroundRuns:
         log_ = _EventLog(self.store, rid, self.max_events, self._wake[rid])
         try:
             try:
-                await run.open_stream()
-                async for events in run.events(background=True):
-                    await log_.add(events)
-            except APIError:  # the worker could not be reached: stored failed by the runner
-                await log_.add(run.failure_events)
-            except asyncio.CancelledError:
-                if rid not in self._cancelling:
-                    raise
-                await log_.add(await run.cancelled())
-        except asyncio.CancelledError:  # shutdown: record the failure while we still can
-            await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
-        except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
-            log.exception("background response %s crashed", rid)
-            await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
+                try:
+                    await run.open_stream()
+                    async for events in run.events(background=True):
+                        await log_.add(events)
+                except APIError:  # the worker could not be reached: stored failed by the runner
+                    await log_.add(run.failure_events)
+                except asyncio.CancelledError:
+                    if rid not in self._cancelling:
+                        raise
+                    await log_.add(await run.cancelled())
+            except asyncio.CancelledError:  # shutdown: record the failure while we still can
+                await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
+            except ResponseDeleted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
+                log.exception("background response %s crashed", rid)
+                await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
+        except ResponseDeleted:  # deleted while it ran: nothing to record, and it stays deleted
+            log.info("background response %s was deleted while it ran; stopped", rid)
         finally:
             await log_.flush()
             self._runs.pop(rid, None)
@@ -132,6 +137,11 @@ class BackgroundRuns:
             body = await self.store.get_response(rid, owner)
             if body is None or body.get("status") in FINISHED:
                 return
+
+    def deleted(self, rid: str) -> None:
+        """The response was deleted: a run of it here stops now (one elsewhere at its next poll), and
+        its puts find nothing to update, so it is not written back."""
+        self._cancel_local(rid)
 
     def _cancel_local(self, rid: str) -> None:
         task = self._runs.get(rid)

@@ -71,6 +71,7 @@ class ResponseRun:
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
     _tool_calls_run: int = 0
+    _persisted: bool = False  # stored once already: later puts only update it (a background run)
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
@@ -350,8 +351,10 @@ class ResponseRun:
                 expires_at=response["created_at"] + self.ttl_s if self.ttl_s else None,
                 lease_holder=self.lease_holder if running else None,
                 lease_until=time.time() + self.lease_s if running else None,
+                existing=self._persisted,
             )
         )
+        self._persisted = True
         if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
             await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
 
