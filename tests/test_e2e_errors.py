@@ -108,6 +108,26 @@ def stored_statuses(router: RouterProcess) -> dict[str, str]:
          b'{"role": "user", "id": "msg_1", "content": "b"}]}', "input[1].id", "duplicate_item"),
         (b'{"model": "sim-chat", "input": [{"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}, '
          b'{"role": "user", "content": "and now?"}]}', "input", "tool_output_not_found"),
+        # Shapes that once reached code expecting another type (a 500), and enums taken as they came:
+        (b'{"model": "sim-chat", "input": "hi", "max_output_tokens": 18446744073709551616}', "max_output_tokens", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "function", "name": "f", '
+         b'"parameters": {"type": "object", "maximum": 100000000000000000000}}]}', "tools[0].parameters.maximum", "invalid_value"),
+        (b'{"model": "sim-chat", "input": [{"type": [], "role": "user", "content": "hi"}]}', "input[0].type", "unsupported_item_type"),
+        (b'{"model": "sim-chat", "input": [{"role": "user", "content": [{"type": "input_image", '
+         b'"image_url": "https://x/y.png", "detail": 5}]}]}', "input[0].content[0].detail", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": {}, "name": "f"}]}', "tools[0].type", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": "x"}]}', "tools[0].tools", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "custom", "name": "c", "format": "x"}]}', "tools[0].format", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "function", "name": "f", "description": 5}]}', "tools[0].description", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "mcp", "server_label": "m", "require_approval": 5}]}',
+         "tools[0].require_approval", None),
+        (b'{"model": "sim-chat", "input": "hi", "tool_choice": {"type": []}}', "tool_choice.type", None),
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "function", "name": "f"}], '
+         b'"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [5]}}', "tool_choice.tools", None),
+        (b'{"model": "sim-chat", "input": "hi", "reasoning": {"effort": "ultra"}}', "reasoning.effort", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "reasoning": {"summary": 5}}', "reasoning.summary", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "text": {"verbosity": "extreme"}}', "text.verbosity", "invalid_value"),
+        (b'{"model": "sim-chat", "input": "hi", "service_tier": "ultra"}', "service_tier", "invalid_value"),
     ],
 )
 def test_malformed_bodies(http: httpx.Client, body: bytes, param: str | None, code: str | None) -> None:
@@ -173,6 +193,31 @@ def test_unknown_ids_and_routes(http: httpx.Client) -> None:
     assert_error(http.get("/v1/responses/resp_missing/input_items"), 404, code="response_not_found")
     assert_error(http.get("/v1/nothing-here"), 404, code="not_found")
     assert_error(http.put("/v1/responses"), 405, code="method_not_allowed")
+    slashed = http.post("/v1/responses/", json={"model": MODEL, "input": "hi"})  # no redirect, no Location from Host
+    assert_error(slashed, 404, code="not_found")
+    assert "location" not in slashed.headers
+
+
+def test_conversation_items_are_checked_before_they_are_stored(http: httpx.Client, client: openai.OpenAI) -> None:
+    """An output answering no call, an integer JSON cannot hold, an update without metadata: 400s,
+    and the conversation keeps its items and metadata (each of these once got in, or wiped it)."""
+    conv = client.conversations.create(items=[{"role": "user", "content": "first"}], metadata={"keep": "me"})
+    orphan = {"type": "function_call_output", "call_id": "call_none", "output": "x"}
+    assert_error(http.post("/v1/conversations", json={"items": [orphan]}), 400, code="tool_call_not_found",
+                 param="items[0].call_id")
+    assert_error(http.post(f"/v1/conversations/{conv.id}/items", json={"items": [orphan]}), 400,
+                 code="tool_call_not_found", param="items[0].call_id")
+    assert_error(http.post(f"/v1/conversations/{conv.id}/items", json={"items": [{"type": "mcp_call", "server_label": "m",
+                 "name": "n", "arguments": "{}", "output": 2**70}]}), 400, code="invalid_value", param="items[0].output")
+    assert_error(http.post(f"/v1/conversations/{conv.id}", json={}), 400, code="missing_required_parameter", param="metadata")
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    added = http.post(f"/v1/conversations/{conv.id}/items", json={"items": [call]})
+    assert added.status_code == 200, added.text
+    answered = http.post(f"/v1/conversations/{conv.id}/items", json={"items": [{**orphan, "call_id": "call_1"}]})
+    assert answered.status_code == 200, answered.text  # it answers a call the conversation has
+    assert client.conversations.retrieve(conv.id).metadata == {"keep": "me"}
+    kinds = [i.type for i in client.conversations.items.list(conv.id, order="asc").data]
+    assert kinds == ["message", "function_call", "function_call_output"]
 
 
 def test_input_items_bad_query(http: httpx.Client, client: openai.OpenAI) -> None:

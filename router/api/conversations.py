@@ -14,8 +14,8 @@ from router.api.auth import Authenticator
 from router.api.http import int_param, json_response, list_page, order_param, parse_model, read_body
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import new_id
-from router.protocol.items import normalize_item
-from router.protocol.requests import Metadata
+from router.protocol.items import CALLS, OUTPUTS, normalize_item
+from router.protocol.requests import Metadata, check_encodable
 from router.state.store import Conversation, ConversationStore
 
 
@@ -27,7 +27,7 @@ class CreateConversation(BaseModel):
 
 class UpdateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metadata: Metadata = None
+    metadata: Metadata  # required, as the SDK has it (null clears): an empty body must not wipe it
 
 
 class AddItems(BaseModel):
@@ -58,7 +58,9 @@ class ConversationsAPI:
         body = parse_model(CreateConversation, await read_body(request, self.max_body_bytes) or b"{}")
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items or [])]
         _no_references(items, "items")
+        check_encodable(items, "items")
         await self._no_duplicates(None, owner, items)
+        _outputs_answer_calls(items, [])
         conversation = Conversation(new_id("conv"), owner, int(time.time()), body.metadata or {})
         await self.store.create_conversation(conversation, items)
         return json_response(_shape(conversation))
@@ -104,7 +106,11 @@ class ConversationsAPI:
         body = parse_model(AddItems, await read_body(request, self.max_body_bytes))
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items)]
         _no_references(items, "items")
+        check_encodable(items, "items")
         await self._no_duplicates(cid, owner, items)
+        batch_calls = _call_ids(items)
+        if any(item["type"] in OUTPUTS and item["call_id"] not in batch_calls for item in items):
+            _outputs_answer_calls(items, await self.store.load_conversation(cid, owner) or [])
         if not await self.store.add_conversation_items(cid, owner, items):
             raise _not_found(cid)
         return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
@@ -152,6 +158,22 @@ class ConversationsAPI:
 def _shape(conversation: Conversation) -> dict[str, Any]:
     return {"id": conversation.id, "object": "conversation", "created_at": conversation.created_at,
             "metadata": conversation.metadata}
+
+
+def _call_ids(items: list[dict[str, Any]]) -> set[str]:
+    return {item["call_id"] for item in items if item["type"] in CALLS}
+
+
+def _outputs_answer_calls(items: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> None:
+    """A tool output must answer a call of the conversation (earlier, or in the same batch): one that
+    answers nothing would make every later response on the conversation a 400."""
+    calls = _call_ids(earlier)
+    for i, item in enumerate(items):
+        if item["type"] in CALLS:
+            calls.add(item["call_id"])
+        elif item["type"] in OUTPUTS and item["call_id"] not in calls:
+            raise InvalidRequest(f"No tool call found for function call output with call_id {item['call_id']}.",
+                                 param=f"items[{i}].call_id", code="tool_call_not_found")
 
 
 def _no_references(items: list[dict[str, Any]], where: str) -> None:

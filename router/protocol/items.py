@@ -19,6 +19,10 @@ INPUT_ROLES = ("user", "system", "developer")
 ROLES = (*INPUT_ROLES, "assistant")
 STATUSES = ("in_progress", "completed", "incomplete")
 PHASES = ("commentary", "final_answer")
+IMAGE_DETAILS = ("low", "high", "auto", "original")
+# Tool calls a client answers (with the words OpenAI's errors use for them), and their outputs.
+CALLS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
+OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 def normalize_input(value: str | list[Any]) -> list[Item]:
@@ -39,7 +43,7 @@ def normalize_item(raw: Any, where: str) -> Item:
             kind = "item_reference"
         else:
             raise InvalidRequest(f"{where} has no 'type'", param=f"{where}.type")
-    normalizer = _NORMALIZERS.get(kind)
+    normalizer = _NORMALIZERS.get(kind) if isinstance(kind, str) else None
     if normalizer is None:
         raise InvalidRequest(
             f"input item type {kind!r} is not supported by this router", param=f"{where}.type", code="unsupported_item_type"
@@ -100,7 +104,10 @@ def _image_part(part: Item, where: str) -> Item:
                              param=f"{where}.file_id", code="unsupported_parameter")
     if not isinstance(url, str) or not url.startswith(("http://", "https://", "data:")):
         raise InvalidRequest(f"{where}.image_url must be an http(s) or data: URL", param=f"{where}.image_url")
-    return {"type": "input_image", "image_url": url, "detail": part.get("detail") or "auto"}
+    detail = part.get("detail") or "auto"
+    if detail not in IMAGE_DETAILS:
+        raise InvalidRequest(f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}", param=f"{where}.detail")
+    return {"type": "input_image", "image_url": url, "detail": detail}
 
 
 def _file_part(part: Item, where: str) -> Item:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from router.protocol.errors import InvalidRequest
@@ -31,6 +32,9 @@ def _metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
 Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata_limits)]
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _null_is(default: bool) -> BeforeValidator:
     return BeforeValidator(lambda value: default if value is None else value)
 
@@ -51,8 +55,8 @@ class CreateResponse(BaseModel):
     conversation: str | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_tool_calls: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_tool_calls: int | None = Field(None, ge=1, le=INT64_MAX)
     metadata: Metadata = None
     store: TrueByDefault = True
     stream: FalseByDefault = False
@@ -105,8 +109,57 @@ def compact_threshold(req: CreateResponse) -> int | None:
     return threshold
 
 
+# Values the SDK knows (openai.types): anything else is a 400, not echoed back or sent to an engine.
+EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh", "max")
+SUMMARIES = (None, "auto", "concise", "detailed")
+VERBOSITIES = (None, "low", "medium", "high")
+SERVICE_TIERS = (None, "auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
+# Fields holding free-form JSON: pydantic reads any integer into them, orjson writes 64 bits at most.
+_FREE_FORM = ("input", "tools", "tool_choice", "text", "reasoning", "conversation", "stream_options", "prompt",
+              "context_management", "client_metadata")
+
+
+def check_encodable(value: Any, param: str) -> None:
+    """A 400 naming the first integer in ``value`` that JSON written here cannot hold (beyond 64 bits):
+    it would fail later, when the request is sent to a worker or stored. One orjson pass when all is well."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        where = _oversized(value, param) or param
+        raise InvalidRequest(f"{where} is an integer outside the 64-bit range", param=where, code="invalid_value") from None
+
+
+def _oversized(value: Any, where: str) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return where if not -2**63 <= value < 2**64 else None
+    if isinstance(value, dict):
+        return next((found for key, v in value.items() if (found := _oversized(v, f"{where}.{key}"))), None)
+    if isinstance(value, list):
+        return next((found for i, v in enumerate(value) if (found := _oversized(v, f"{where}[{i}]"))), None)
+    return None
+
+
+def _one_of(value: Any, allowed: tuple[str | None, ...], param: str) -> None:
+    if value not in allowed:
+        raise InvalidRequest(f"{param} must be one of {', '.join(a for a in allowed if a)} (got {value!r})", param=param,
+                             code="invalid_value")
+
+
 def check_supported(req: CreateResponse) -> None:
     """Refuse, by name, what this router cannot serve yet."""
+    for name in _FREE_FORM:
+        value = getattr(req, name)
+        if value and not isinstance(value, str):
+            check_encodable(value, name)
+    reasoning = req.reasoning or {}
+    _one_of(reasoning.get("effort"), EFFORTS, "reasoning.effort")
+    _one_of(reasoning.get("summary"), SUMMARIES, "reasoning.summary")
+    _one_of(reasoning.get("generate_summary"), SUMMARIES, "reasoning.generate_summary")
+    _one_of((req.text or {}).get("verbosity"), VERBOSITIES, "text.verbosity")
+    _one_of(req.verbosity, VERBOSITIES, "verbosity")
+    _one_of(req.service_tier, SERVICE_TIERS, "service_tier")
     compact_threshold(req)
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")

@@ -120,13 +120,15 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
     for i, tool in enumerate(tools):
         kind = tool.get("type")
         where = f"tools[{i}]"
+        if not isinstance(kind, str):
+            raise InvalidRequest(f"{where}.type must be a string", param=f"{where}.type")
         if kind == "function":
             _offer(toolset, _function(tool, None, where))
         elif kind == "custom":
             _offer(toolset, _custom(tool, None, where))
         elif kind == "namespace":
             ns = _name(tool, where)
-            for j, inner in enumerate(tool.get("tools") or []):
+            for j, inner in enumerate(_objects(tool.get("tools"), f"{where}.tools")):
                 inner_where = f"{where}.tools[{j}]"
                 if inner.get("type") == "function":
                     _offer(toolset, _function(inner, ns, inner_where))
@@ -147,6 +149,7 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
                 raise InvalidRequest(f"{where}.server_label must be a non-empty string", param=f"{where}.server_label")
             if label in toolset.mcp:
                 raise InvalidRequest(f"two mcp tools share the server_label {label!r}", param=f"{where}.server_label")
+            _check_mcp(tool, where)
             toolset.mcp[label] = tool
         elif kind not in BUILTIN_TYPES:
             raise InvalidRequest(f"tool type {kind!r} is not supported", param=f"{where}.type", code="unsupported_tool_type")
@@ -156,6 +159,7 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
 
 def _function(tool: dict[str, Any], namespace: str | None, where: str) -> OfferedTool:
     name = _name(tool, where)
+    _description(tool, where)
     parameters = tool.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
@@ -167,7 +171,10 @@ def _function(tool: dict[str, Any], namespace: str | None, where: str) -> Offere
 
 def _custom(tool: dict[str, Any], namespace: str | None, where: str) -> OfferedTool:
     name = _name(tool, where)
+    _description(tool, where)
     fmt = tool.get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise InvalidRequest(f"{where}.format must be an object", param=f"{where}.format")
     if fmt.get("type") != "text":
         raise InvalidRequest("custom tools with a grammar format are not supported; use format text",
                              param=f"{where}.format", code="unsupported_parameter")
@@ -239,6 +246,8 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
             raise InvalidRequest("tool_choice 'required' needs at least one function or custom tool", param="tool_choice")
         return ToolChoice(mode=choice)  # type: ignore[arg-type]
     kind = choice.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequest("tool_choice.type must be a string", param="tool_choice.type")
     if kind in ("function", "custom"):
         name = choice.get("name")
         match = [t for t in toolset.offered if t.name == name and t.kind == kind]
@@ -246,7 +255,7 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
             raise InvalidRequest(f"tool_choice names {kind} tool {name!r}, which is not in tools", param="tool_choice.name")
         return ToolChoice(mode="required", forced=match[0].engine_name)
     if kind == "mcp":
-        if choice.get("server_label") not in toolset.mcp:
+        if not isinstance(choice.get("server_label"), str) or choice["server_label"] not in toolset.mcp:
             raise InvalidRequest("tool_choice names an mcp server that is not in tools", param="tool_choice.server_label")
         toolset.mcp_choice = choice
         return ToolChoice(mode="auto")
@@ -259,8 +268,12 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
         mode = choice.get("mode", "auto")
         if mode not in ("auto", "required"):
             raise InvalidRequest("tool_choice.mode must be auto or required", param="tool_choice.mode")
+        listed = _objects(choice.get("tools"), "tool_choice.tools")
+        for j, t in enumerate(listed):
+            if not isinstance(t.get("type"), str) or not isinstance(t.get("name", ""), str):
+                raise InvalidRequest("an allowed tool is {type, name?} with strings", param=f"tool_choice.tools[{j}]")
         allowed = {("web_search" if t.get("type") in WEB_SEARCH_TYPES else t.get("type"), t.get("name"))
-                   for t in choice.get("tools") or []}
+                   for t in listed}
         # A built-in tool is allowed by its type (web_search keeps its open_page and find functions).
         keep = [t for t in toolset.offered if (t.kind, t.name) in allowed
                 or (t.kind in ("web_search", "code_interpreter") and (t.kind, None) in allowed)]
@@ -268,6 +281,45 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
         return ToolChoice(mode=mode)
     raise InvalidRequest(f"tool_choice type {kind!r} is not supported yet", param="tool_choice.type",
                          code="unsupported_parameter")
+
+
+def _objects(value: Any, where: str) -> list[dict[str, Any]]:
+    """A list of objects (None: empty), or a 400 naming ``where``."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise InvalidRequest(f"{where} must be a list of objects", param=where)
+    return value
+
+
+def _description(tool: dict[str, Any], where: str) -> None:
+    if tool.get("description") is not None and not isinstance(tool["description"], str):
+        raise InvalidRequest(f"{where}.description must be a string", param=f"{where}.description")
+
+
+def _check_mcp(tool: dict[str, Any], where: str) -> None:
+    """The shapes the tool loop reads later, checked now: a bad one would fail mid-response."""
+    for key in ("server_url", "server_description", "authorization", "connector_id"):
+        if tool.get(key) is not None and not isinstance(tool[key], str):
+            raise InvalidRequest(f"{where}.{key} must be a string", param=f"{where}.{key}")
+    headers = tool.get("headers")
+    if headers is not None and not (isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())):
+        raise InvalidRequest(f"{where}.headers must map names to strings", param=f"{where}.headers")
+    allowed = tool.get("allowed_tools")
+    if allowed is not None and not (_names(allowed) or (isinstance(allowed, dict) and _names(allowed.get("tool_names", []))
+                                                         and isinstance(allowed.get("read_only", False), bool))):
+        raise InvalidRequest(f"{where}.allowed_tools must be a list of tool names or {{tool_names, read_only}}",
+                             param=f"{where}.allowed_tools")
+    policy = tool.get("require_approval")
+    if policy is not None and policy not in ("always", "never") and not (
+            isinstance(policy, dict) and all(key in ("always", "never") and isinstance(rule, dict)
+                                             and _names(rule.get("tool_names", [])) for key, rule in policy.items())):
+        raise InvalidRequest(f"{where}.require_approval must be always, never or {{always, never: {{tool_names}}}}",
+                             param=f"{where}.require_approval")
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _name(tool: dict[str, Any], where: str) -> str:

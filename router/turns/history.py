@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.protocol.errors import InvalidRequest, NotFound
-from router.protocol.items import Item
+from router.protocol.items import CALLS, OUTPUTS, Item
 from router.state.store import Store
 
 
@@ -51,10 +51,6 @@ def resolve_input(history: list[Item], input_items: list[Item], stored: dict[str
             known[item_id] = item
         out.append(item)
     return out
-
-
-CALLS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
-OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 def check_tool_outputs(items: list[Item]) -> None:
