@@ -231,13 +231,17 @@ class Pool:
                 log.exception("pool %s: health round failed", self.name)
 
     def describe(self) -> dict[str, Any]:
+        """``available_workers``: healthy and not shut off by an open circuit, i.e. what requests can
+        reach now; the status follows it (all of them: ok, some: degraded, none: down)."""
         healthy = sum(w.healthy for w in self.workers)
+        available = sum(w.healthy and w.circuit != "open" for w in self.workers)
         return {
             "name": self.name,
             "engine": self.engine.name,
             "model": self.model,
-            "status": "ok" if healthy == len(self.workers) and healthy else ("degraded" if healthy else "down"),
+            "status": "ok" if available == len(self.workers) and available else ("degraded" if available else "down"),
             "healthy_workers": healthy,
+            "available_workers": available,
             "affinity_moves": dict(self.affinity_moves),
             "workers": [w.describe() for w in self.workers],
         }

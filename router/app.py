@@ -8,6 +8,7 @@ one readable line instead of a server traceback.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -160,6 +161,21 @@ def _worker_for(pool: Pool, url: str) -> Worker:
     return next(w for w in pool.workers if w.url == url)
 
 
+def _key_owners(config: Config) -> dict[str, str]:
+    """Key digest -> owner name. Two names on one key would hand one owner's stored responses to the
+    other (the later name won), and the admin key must not be a client's key: both stop start-up."""
+    owners: dict[str, str] = {}
+    for key in config.auth.keys:
+        digest = key.digest()
+        if digest in owners:
+            raise ConfigError(f"auth.keys: {owners[digest]!r} and {key.name!r} have the same key")
+        owners[digest] = key.name
+    admin = config.auth.admin_key
+    if admin and hashlib.sha256(admin.encode()).hexdigest() in owners:
+        raise ConfigError("auth.admin_key: it is also a client key")
+    return owners
+
+
 def build(config: Config, base_dir: Path) -> RouterApp:
     store = make_store(config.store, base_dir)
     pools = {cfg.name: _pool(cfg) for cfg in config.pools}
@@ -179,7 +195,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     metrics.watch_pools(lambda: pools.values())
     background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
                                 sweep_all_at_start=config.store.kind == "sqlite")
-    auth = Authenticator({k.digest(): k.name for k in config.auth.keys})
+    auth = Authenticator(_key_owners(config))
     if not config.auth.keys:
         log.warning("no [auth] keys configured: the router is OPEN, every caller shares one owner's stored state")
     router_tools = RouterTools.from_config(config.tools, base_dir)
@@ -200,5 +216,9 @@ def build(config: Config, base_dir: Path) -> RouterApp:
                  admin_key=config.auth.admin_key).routes(),
         *AdminAPI(pools=pools, models=targets, admin_key=config.auth.admin_key).routes(),
     ]
-    app = FastPath(Starlette(routes=routes, exception_handlers=HANDLERS), {**responses.hot_routes(), **passthrough.hot_routes()})
+    starlette = Starlette(routes=routes, exception_handlers=HANDLERS)
+    # No 307 to the path without its trailing slash: it came before any key check, empty, with a
+    # Location made from the client's Host header. Such a path is a 404 like any unknown one.
+    starlette.router.redirect_slashes = False
+    app = FastPath(starlette, {**responses.hot_routes(), **passthrough.hot_routes()})
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from router.config import ConfigError, load_config
 
@@ -32,7 +33,13 @@ def main(argv: list[str] | None = None) -> None:
 
         vocab_main(argv[1:])
         return
-    parser = argparse.ArgumentParser(prog="responses-router", description="The OpenAI Responses API over vLLM/SGLang pools.")
+    parser = argparse.ArgumentParser(
+        prog="responses-router", description="The OpenAI Responses API over vLLM/SGLang pools.",
+        epilog="other commands (each with its own --help):\n"
+               "  responses-router sim ...             a simulated vLLM/SGLang worker\n"
+               "  responses-router report --url URL    the per-arm comparison of a running router's /metrics\n"
+               "  responses-router harmony-vocab DIR   build the o200k vocabulary for gpt-oss pools, offline",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TOML config file (see config.example.toml)")
     parser.add_argument("--host", help="override [server].host")
     parser.add_argument("--port", type=int, help="override [server].port")
@@ -50,11 +57,35 @@ def main(argv: list[str] | None = None) -> None:
     _run(_serve(config, Path(args.config).resolve().parent, host, port))
 
 
-def _server_class():  # type: ignore[no-untyped-def]
+# After the grace, the stopped requests get this long to say so and be stored before uvicorn cuts them.
+STOP_MARGIN_S = 3.0
+
+
+def _server_class(grace_s: float):  # type: ignore[no-untyped-def]
     import uvicorn
 
+    from router.turns.runner import STOPPING
+
     class Server(uvicorn.Server):
-        """uvicorn re-raises SIGTERM after serving, which would skip stopping the workers; handle it instead."""
+        """uvicorn re-raises SIGTERM after serving, which would skip stopping the workers; handle it instead.
+
+        A stop gives running requests ``grace_s``; then the router stops them itself (their tasks
+        cancelled with STOPPING): a stream ends with ``error`` + ``response.failed``, code
+        ``router_stopped``, stored failed, and a create answers 503. uvicorn's own cancel, which
+        cuts a stream with nothing said (and left it stored as if its client had left), comes
+        STOP_MARGIN_S later, for what is still running then.
+        """
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            timer = asyncio.get_running_loop().call_later(grace_s, self._stop_requests)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+        def _stop_requests(self) -> None:
+            for task in list(self.server_state.tasks):
+                task.cancel(msg=STOPPING)
 
         @contextmanager
         def capture_signals(self):  # type: ignore[no-untyped-def,override]
@@ -106,9 +137,11 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
 
     from backends.launcher import LaunchError
     from router.api.server import RouterHttpProtocol
+    from router.api.ws_protocol import RouterWebSocketProtocol
     from router.app import build
 
-    _Server = _server_class()
+    grace_s = config.server.shutdown_grace_s
+    _Server = _server_class(grace_s)
     try:
         router = build(config, base_dir)
     except (ConfigError, ValueError, OSError) as exc:
@@ -125,9 +158,10 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
         server = _Server(
             uvicorn.Config(
                 # proxy_headers off: nothing here reads the client's address, and it is one ASGI layer per request
-                router.app, host=host, port=port, http=RouterHttpProtocol, lifespan="off", access_log=False,
+                router.app, host=host, port=port, http=RouterHttpProtocol, ws=RouterWebSocketProtocol, lifespan="off",
+                access_log=False,
                 proxy_headers=False,
-                log_level=config.server.log_level, timeout_graceful_shutdown=10,
+                log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,
             )
         )
         log.info("serving models %s on http://%s:%d/v1", ", ".join(m.name for m in config.models), host, port)

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -24,6 +24,9 @@ class ServerConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # WebSocket connections to /v1/responses are closed (code 1000) after this long.
     websocket_max_age_s: float = Field(3600.0, gt=0)
+    # On SIGTERM, requests running get this long to finish; then a stream ends with error +
+    # response.failed (code router_stopped, stored failed) and a create answers 503.
+    shutdown_grace_s: float = Field(10.0, ge=0, le=3600)
 
 
 class StoreConfig(_Section):
@@ -95,6 +98,13 @@ class AuthConfig(_Section):
     keys: list[ApiKey] = []
     # Guards /admin (adding and removing workers); empty: /admin is closed.
     admin_key: str = ""
+
+    @field_validator("admin_key")
+    @classmethod
+    def _long_enough(cls, value: str) -> str:
+        if value and len(value) < 8:
+            raise ValueError("must be at least 8 characters, as client keys are")
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> AuthConfig:

@@ -65,6 +65,7 @@ def test_the_example_config_is_valid() -> None:
         (("replicas = 2", "replicas = 2\ngpus = [0, 1, 2]"), "pools[0].managed: 3 gpus do not split evenly between 2 replicas"),
         (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a'}]"), "auth.keys[0]: give exactly one of key, key_sha256 or key_env"),
         (("port = 8081", "port = 8081\n[auth]\nkeys = [{name='a', key_sha256='abc'}]"), "auth.keys[0].key_sha256: string should match"),
+        (("port = 8081", "port = 8081\n[auth]\nadmin_key = 'short'"), "auth.admin_key: must be at least 8 characters"),
     ],
 )
 def test_each_mistake_names_its_key(change: tuple[str, str], expected: str) -> None:
@@ -76,6 +77,21 @@ def test_each_mistake_names_its_key(change: tuple[str, str], expected: str) -> N
 def test_duplicate_names() -> None:
     doubled = GOOD + '\n[[models]]\nname = "chat"\npool = "sim"\n'
     assert error_of(doubled) == "two models share a name"
+
+
+@pytest.mark.parametrize(("auth", "expected"), [
+    ("keys = [{name = 'a', key = 'sk-same-12345'}, {name = 'b', key = 'sk-same-12345'}]",
+     "auth.keys: 'a' and 'b' have the same key"),
+    ("keys = [{name = 'a', key = 'sk-same-12345'}]\nadmin_key = 'sk-same-12345'", "auth.admin_key: it is also a client key"),
+])
+def test_keys_that_would_mix_owners_stop_start_up(tmp_path: Path, auth: str, expected: str) -> None:
+    """One key under two names would hand one owner's responses to the other (the later name won)."""
+    cfg = tmp_path / "keys.toml"
+    cfg.write_text(GOOD.replace("port = 8081", f"port = 8081\n[auth]\n{auth}", 1))
+    run = subprocess.run([sys.executable, "-m", "router", "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [f"responses-router: {expected}"]
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,11 +125,36 @@ def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: P
                 assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
         state = worker_state(router, bad.port)
         assert state["circuit"] == "open" and why in state["last_error"]
+        with urllib.request.urlopen(router.base_url + "/health") as resp:
+            health = json.loads(resp.read())
+        pool = health["pools"][0]  # both answer health checks; one takes no requests now
+        assert health["status"] == "degraded" and pool["healthy_workers"] == 2 and pool["available_workers"] == 1
         calls = bad.calls
         assert calls >= 5
         for i in range(5):  # while open, nothing is sent to it
             client.responses.create(model="m", input=f"more {i}")
         assert bad.calls == calls
+
+
+def test_health_says_down_while_every_circuit_is_open(tmp_path: Path) -> None:
+    """Health checks pass, calls fail: once the only worker's circuit opens, /health is a 503 (a load
+    balancer in front stops sending), not an "ok" over a router that answers every create 503."""
+    with BadWorker(500) as bad:
+        router = start_router(tmp_path, f'[[pools]]\nname = "p"\nengine = "sim"\nmodel = "sim-model"\n'
+                                        f'urls = ["http://127.0.0.1:{bad.port}"]\n[[models]]\nname = "m"\npool = "p"\n')
+        try:
+            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+            for i in range(6):  # one call each (no other worker to retry on): five open the circuit
+                with pytest.raises(openai.APIStatusError):
+                    client.responses.create(model="m", input=f"hi {i}")
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(router.base_url + "/health")
+            assert err.value.code == 503
+            health = json.loads(err.value.read())
+            assert health["status"] == "down" and health["pools"][0]["available_workers"] == 0
+            assert health["pools"][0]["healthy_workers"] == 1 and health["pools"][0]["workers"][0]["circuit"] == "open"
+        finally:
+            assert router.stop() == 0
 
 
 def test_the_passthrough_skips_a_worker_that_drops_the_connection(tmp_path: Path, good_sim: str) -> None:

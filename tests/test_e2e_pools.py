@@ -201,6 +201,9 @@ def test_admin_api_adds_and_removes_workers(ab: RouterProcess, tmp_path: Path) -
             assert added.status_code == 200, added.text
             assert any(w["url"].endswith(str(port)) and w["healthy"] for w in added.json()["workers"])
             assert c.post("/admin/pools/b/workers", json={"url": "ftp://x"}, headers=auth).status_code == 400
+            for url in ("http://", "http://:8000", "http://h:notaport", "http://u@h:1"):  # no host, a bad port, userinfo
+                refused = c.post("/admin/pools/b/workers", json={"url": url}, headers=auth)
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == "url", url
             assert c.post("/admin/pools/zz/workers", json={"url": "http://x"}, headers=auth).status_code == 404
             removed = c.delete("/admin/pools/b/workers", params={"url": f"http://127.0.0.1:{port}"}, headers=auth)
             assert removed.status_code == 200 and not any(w["url"].endswith(str(port)) for w in removed.json()["workers"])

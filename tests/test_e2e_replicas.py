@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from tests.conftest import MODEL
 from tests.pg import pg_dsn  # noqa: F401 - the fixture
 from tests.procs import RouterProcess, sim_pool_toml, start_router
+from tests.streamrules import check_stream
 from tests.test_e2e_state import running_on_workers, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -95,6 +98,44 @@ def test_a_dead_replicas_background_response_fails(tmp_path: Path, pg_dsn: str) 
         assert sdk(survivor).responses.retrieve(kept.id).status == "completed"
     finally:
         survivor.stop()
+
+
+def test_a_stopping_router_ends_what_runs_past_its_grace_and_says_so(tmp_path: Path) -> None:
+    """SIGTERM with ``shutdown_grace_s = 1``: a stream still running then ends with ``error`` +
+    ``response.failed`` (router_stopped) and is stored failed with what it had; a create still
+    waiting for its worker answers 503 router_stopped. Before, uvicorn cut both with nothing said,
+    and the stream was stored as if its client had left."""
+    body = sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n'
+    router = start_router(tmp_path, body, server="shutdown_grace_s = 1")
+    client = sdk(router)
+    waiting: dict[str, Any] = {}
+
+    def create() -> None:
+        try:
+            client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]")
+        except openai.APIStatusError as exc:
+            waiting["error"] = exc
+
+    events = []
+    for event in client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", stream=True):
+        events.append(event.model_dump())
+        if len(events) == 10:
+            other = threading.Thread(target=create)
+            other.start()
+            time.sleep(0.3)  # the create is out to the worker
+            router.proc.send_signal(signal.SIGTERM)
+    final = check_stream(events)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and events[-2]["code"] == "router_stopped"
+    other.join(30)
+    assert waiting["error"].status_code == 503 and waiting["error"].body["code"] == "router_stopped"
+    assert router.proc.wait(30) == 0
+    restarted = start_router(tmp_path, body)
+    try:
+        stored = sdk(restarted).responses.retrieve(final["id"])
+        assert stored.status == "failed" and stored.error.code == "router_stopped"
+        assert stored.output_text and stored.output[0].status == "incomplete"
+    finally:
+        assert restarted.stop() == 0
 
 
 def test_sqlite_router_killed_and_restarted(tmp_path: Path) -> None:

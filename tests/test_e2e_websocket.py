@@ -170,6 +170,8 @@ def test_sdk_auth_failure(wsrouter: RouterProcess) -> None:
         raw(wsrouter, key=None)
     assert info.value.response.status_code == 401
     assert json.loads(info.value.response.body)["error"]["code"] == "missing_api_key"
+    # A refusal is an answer, not an error of the router's: nothing at ERROR for anyone knocking.
+    assert "without completing handshake" not in wsrouter.log()
 
 
 def test_sdk_max_connection_age(sdk: openai.OpenAI) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -88,4 +89,11 @@ async def _url(request: Request) -> str:
     url = body.get("url") if isinstance(body, dict) else None
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise InvalidRequest("url must start with http:// or https://", param="url")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
+    except ValueError:
+        parts = None
+    if parts is None or not parts.hostname or parts.query or parts.fragment or parts.username is not None:
+        raise InvalidRequest("url must be http(s)://host[:port][/path], with a host and nothing more", param="url")
     return url.rstrip("/")

@@ -43,9 +43,10 @@ class MetaAPI:
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
-        """200 while every pool can serve; 503 when some pool has no healthy worker."""
+        """200 while every pool can serve; 503 when some pool has no available worker (healthy, and
+        its circuit not open: five failed calls in a row shut a worker off for a while)."""
         pools = [pool.describe() for pool in self.pools]
-        serving = all(p["healthy_workers"] > 0 for p in pools)
+        serving = all(p["available_workers"] > 0 for p in pools)
         degraded = any(p["status"] != "ok" for p in pools)
         status = "down" if not serving else ("degraded" if degraded else "ok")
         return json_response({"status": status, "pools": pools}, 200 if serving else 503)

@@ -21,7 +21,7 @@ from typing import Any
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from router.dialects.turn import DialectTurn
-from router.protocol.errors import APIError, UpstreamError
+from router.protocol.errors import APIError, NoCapacity, UpstreamError
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
@@ -39,6 +39,20 @@ from router.turns.tool_items import RouterCallItem
 from router.turns.upstream import Upstream
 
 log = logging.getLogger("router.turns")
+
+# The message the router cancels its request tasks with once a stop's grace is over (router/cli.py):
+# a run seeing it ends as failed, code router_stopped, and says so to its client, instead of being cut.
+STOPPING = "the router is stopping"
+
+
+def _stopped(exc: BaseException) -> NoCapacity | None:
+    """The error to end with when ``exc`` is the router's stop (see STOPPING), else None."""
+    if not (isinstance(exc, asyncio.CancelledError) and exc.args and exc.args[0] == STOPPING):
+        return None
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # handled here: the run goes on long enough to record and say it
+    return NoCapacity("The router stopped before the response was complete; send it again.", code="router_stopped")
 
 
 @dataclass(eq=False)
@@ -112,6 +126,11 @@ class ResponseRun:
             answer, self.prompt_items = await self._upstream.post(self._turn, self.prompt_items)
         except APIError as exc:
             raise await self._failed(exc) from None
+        except asyncio.CancelledError as exc:
+            stopped = _stopped(exc)
+            if stopped is None:
+                raise
+            raise await self._failed(stopped) from None
         if self._compaction is not None:
             self._assembler.add_done(self._compaction)
         try:
@@ -191,11 +210,16 @@ class ResponseRun:
             events = asm.finish(reason or self._unrunnable_call())
             await self._persist()
             yield events
-        except (asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit) as exc:
             # The client left a foreground stream before its end: what it produced is stored as
             # cancelled (open items incomplete), so the id it saw in response.created can be
             # retrieved and chained on, not a 404. Background runs are not tied to a client.
+            # The router stopping is not the client leaving: the stream ends failed, and says so.
             if not background and self.response["status"] == "in_progress":
+                stopped = _stopped(exc)
+                if stopped is not None:
+                    yield await self._fail(stopped)
+                    return
                 await self.cancelled()
             raise
         finally:
