@@ -187,6 +187,8 @@ def test_a_down_arm_fails_over_and_is_counted(tmp_path: Path) -> None:
 
 def test_admin_api_adds_and_removes_workers(ab: RouterProcess, tmp_path: Path) -> None:
     with httpx.Client(base_url=ab.base_url) as c:
+        assert c.get("/health").json() == {"status": "ok"}  # the insides (worker URLs, PIDs) need the admin key
+        assert c.get("/health", headers={"authorization": f"Bearer {ADMIN}"}).json()["pools"]
         assert c.get("/admin/pools").status_code == 401
         assert c.get("/admin/pools", headers={"authorization": "Bearer wrong"}).status_code == 401
         auth = {"authorization": f"Bearer {ADMIN}"}

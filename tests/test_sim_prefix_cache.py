@@ -296,7 +296,8 @@ def test_a_continuation_hits_the_prefix_cache_of_its_worker(affine: RouterProces
         seen = next(w["kv_usage"] for w in workers if w["url"] == worker)
         time.sleep(0.1)
     assert seen > 0
-    health = json.loads(urllib.request.urlopen(affine.base_url + "/health").read())
+    asked = urllib.request.Request(affine.base_url + "/health", headers={"authorization": f"Bearer {ADMIN}"})
+    health = json.loads(urllib.request.urlopen(asked).read())
     assert any(w["kv_usage"] > 0 for p in health["pools"] for w in p["workers"]), health
 
 

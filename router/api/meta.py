@@ -29,12 +29,17 @@ class MetaAPI:
         return [Route("/v1/models", self.list_models, methods=["GET"]), Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.prometheus, methods=["GET"])]
 
+    def _is_admin(self, request: Request) -> bool:
+        """True when no admin key is configured, or the request carries it."""
+        if not self.admin_key:
+            return True
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        return hmac.compare_digest(token.encode(), self.admin_key.encode())
+
     async def prometheus(self, request: Request) -> Response:
         """Prometheus text; guarded by the admin key when one is configured."""
-        if self.admin_key:
-            token = request.headers.get("authorization", "").partition(" ")[2].strip()
-            if not hmac.compare_digest(token.encode(), self.admin_key.encode()):
-                raise Unauthorized("Incorrect admin key.", code="invalid_admin_key")
+        if not self._is_admin(request):
+            raise Unauthorized("Incorrect admin key.", code="invalid_admin_key")
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def list_models(self, request: Request) -> Response:
@@ -44,9 +49,13 @@ class MetaAPI:
 
     async def health(self, request: Request) -> Response:
         """200 while every pool can serve; 503 when some pool has no available worker (healthy, and
-        its circuit not open: five failed calls in a row shut a worker off for a while)."""
+        its circuit not open: five failed calls in a row shut a worker off for a while).
+
+        The pools, with their workers' URLs, processes and last errors, only for the admin key
+        when one is configured: a load balancer's probe needs the status, not the insides."""
         pools = [pool.describe() for pool in self.pools]
         serving = all(p["available_workers"] > 0 for p in pools)
         degraded = any(p["status"] != "ok" for p in pools)
         status = "down" if not serving else ("degraded" if degraded else "ok")
-        return json_response({"status": status, "pools": pools}, 200 if serving else 503)
+        body: dict[str, Any] = {"status": status, "pools": pools} if self._is_admin(request) else {"status": status}
+        return json_response(body, 200 if serving else 503)
