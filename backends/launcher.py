@@ -43,6 +43,10 @@ class WorkerSpec:
     log_path: Path | None = None
 
 
+# A worker up this long is stable: a crash after that starts the backoff over.
+STABLE_S = 60.0
+
+
 @dataclass(eq=False)
 class ManagedWorker:
     spec: WorkerSpec
@@ -64,13 +68,21 @@ class ManagedWorker:
     _client: WorkerClient | None = None
     _start_timeout_s: float = 120.0
 
+    @property
+    def crash_looping(self) -> bool:
+        """Three crashes in a row, and not up for STABLE_S since: one that stays up is out of the loop
+        (the count itself starts over only at its next crash, for the backoff)."""
+        if self.crashes_in_a_row < 3:
+            return False
+        return not (self.state == "ready" and time.monotonic() - self._started_at > STABLE_S)
+
     def describe(self) -> dict[str, object]:
         """For /health: what the supervisor knows about the process."""
         return {
             "pid": self.process.pid if self.process else None,
             "state": self.state,
             "restarts": self.restarts,
-            "crash_loop": self.crashes_in_a_row >= 3,
+            "crash_loop": self.crash_looping,
             "last_exit_code": self.last_exit_code,
         }
 
@@ -111,7 +123,7 @@ class ManagedWorker:
         if not self.supervised:
             return  # still starting: start_workers reports the failure
         # A worker that ran for a while before dying is not in a crash loop: start the backoff over.
-        self.crashes_in_a_row = 1 if time.monotonic() - self._started_at > 60 else self.crashes_in_a_row + 1
+        self.crashes_in_a_row = 1 if time.monotonic() - self._started_at > STABLE_S else self.crashes_in_a_row + 1
         delay = min(self.backoff_max_s, self.backoff_s * 2 ** (self.crashes_in_a_row - 1))
         self.state = "backoff"
         if self.crashes_in_a_row >= 3:

@@ -155,3 +155,18 @@ def test_engine_queue_length_is_scraped_into_the_load(tmp_path: Path) -> None:
         for t in threads:
             t.join()
         assert router.stop() == 0
+
+
+def test_a_crash_loop_ends_once_the_worker_stays_up() -> None:
+    """/health's crash_loop: three crashes in a row, until the worker has been up STABLE_S (it
+    stayed true for ever before, the count starting over only at a next crash)."""
+    from backends.launcher import STABLE_S, ManagedWorker, WorkerSpec
+
+    worker = ManagedWorker(spec=WorkerSpec(engine="sim", model="m", command=[]), port=1, label="w")
+    assert not worker.crash_looping
+    worker.crashes_in_a_row, worker.state = 3, "backoff"
+    assert worker.crash_looping and worker.describe()["crash_loop"] is True
+    worker.state, worker._started_at = "ready", time.monotonic()  # just back up: not yet out of it
+    assert worker.crash_looping
+    worker._started_at = time.monotonic() - STABLE_S - 1
+    assert not worker.crash_looping and worker.describe()["crash_loop"] is False
