@@ -181,6 +181,18 @@ def test_deleting_a_running_background_response_stops_it_and_it_stays_deleted(
         client.responses.create(model=MODEL, input="go on", previous_response_id=queued.id)
 
 
+def test_a_turn_on_a_running_background_response_waits_for_it(client: openai.OpenAI) -> None:
+    """Chaining on it while it runs would give the model its input without its output (and the
+    next turns a history this one never saw): a 400 until it has finished, then the chain goes on."""
+    queued = client.responses.create(model=MODEL, input="first [sim:tokens=30] [sim:itl_ms=10]", background=True)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="too soon", previous_response_id=queued.id)
+    assert err.value.body["code"] == "previous_response_in_progress" and err.value.body["param"] == "previous_response_id"
+    done = wait_for(client, queued.id, {"completed"})
+    after = client.responses.create(model=MODEL, input="now [sim:echo]", previous_response_id=queued.id)
+    assert json.loads(after.output_text)[1] == {"role": "assistant", "content": done.output_text}
+
+
 def test_background_failure_is_recorded(client: openai.OpenAI) -> None:
     queued = client.responses.create(model=MODEL, input="boom [sim:drop_after=2] [sim:tokens=10]", background=True)
     failed = wait_for(client, queued.id, {"failed"})

@@ -18,7 +18,7 @@ import pytest
 import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
 from router.state import postgres_background, sqlite_background
-from router.state.store import Conversation, ResponseDeleted
+from router.state.store import Conversation, ResponseDeleted, ResponseInProgress
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
 
@@ -179,6 +179,22 @@ def test_cancel_requests(backend: Backend) -> None:
         assert await s.cancel_requested(["r"]) == {"r"}
         await s.put_response(resp("r", status="queued", lease_holder="h", lease_until=NOW + 60))
         assert await s.cancel_requested(["r"]) == set()
+
+    backend.run(body, clock=lambda: NOW)
+
+
+def test_history_from_an_unfinished_response_is_refused(backend: Backend) -> None:
+    """A turn on a background response still running would miss its output: ResponseInProgress.
+    Once it has finished, the chain loads as usual; an unfinished ancestor does not matter."""
+    async def body(s: Any) -> None:
+        await s.put_response(resp("done"))
+        for status in ("queued", "in_progress"):
+            await s.put_response(resp("run", prev="done", status=status, lease_holder="h", lease_until=NOW + 60))
+            with pytest.raises(ResponseInProgress):
+                await s.load_history("run", "alice")
+        await s.put_response(resp("run", prev="done", outputs=[msg("answer", role="assistant")]))
+        assert await ids(s, "run") == ["done-in", "done-out", "run-in", "answer"]
+        assert await s.load_history("run", "bob") is None  # another owner's: not found, as ever
 
     backend.run(body, clock=lambda: NOW)
 

@@ -31,9 +31,9 @@ def encode_items(items: list[Item]) -> list[tuple[str | None, bytes]]:
 
 
 def decode_bodies(rows: Any) -> list[Any]:
-    """The JSON body of each row, in order; rows with a NULL body (a LEFT JOIN that found
-    nothing: a response or conversation without items) are skipped."""
-    return [orjson.loads(body) for (body,) in rows if body is not None]
+    """The JSON body in the first column of each row, in order; rows with a NULL body (a LEFT JOIN
+    that found nothing: a response or conversation without items) are skipped."""
+    return [orjson.loads(row[0]) for row in rows if row[0] is not None]
 
 
 def encode_events(events: list[dict[str, Any]]) -> list[tuple[int, bytes]]:

@@ -32,10 +32,10 @@ from typing import Any
 import asyncpg
 import orjson
 
-from router.state.common import check_page, decode_bodies, item_id
+from router.state.common import UNFINISHED, check_page, decode_bodies, item_id
 from router.state.postgres_background import PostgresBackground
 from router.state.postgres_conversations import PostgresConversations
-from router.state.store import Item, ItemPage, Order, ResponseDeleted, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse
 
 INPUT, OUTPUT = 0, 1
 # A chain deeper than this is treated as corrupt (a cycle written by a bug)
@@ -122,14 +122,14 @@ _LIVE = "(expires_at IS NULL OR expires_at > $3)"
 _GET_SQL = f"SELECT body FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}"
 
 _HISTORY_SQL = f"""
-WITH RECURSIVE chain (id, prev, depth) AS (
-    SELECT id, previous_response_id, 0 FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}
+WITH RECURSIVE chain (id, prev, depth, unfinished) AS (
+    SELECT id, previous_response_id, 0, status IN {UNFINISHED!r} FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}
     UNION ALL
-    SELECT r.id, r.previous_response_id, c.depth + 1
+    SELECT r.id, r.previous_response_id, c.depth + 1, false
     FROM chain c JOIN responses r ON r.id = c.prev
     WHERE r.owner = $2 AND (r.expires_at IS NULL OR r.expires_at > $3) AND c.depth < $4
 )
-SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
+SELECT i.body, c.unfinished FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
 """
 
@@ -308,6 +308,8 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         rows = await self._pool.fetch(_HISTORY_SQL, response_id, owner, self._now(), MAX_CHAIN_DEPTH)
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
+        if rows[-1][1]:
+            raise ResponseInProgress(response_id)
         # A response without items yields one row with a NULL body: skip it.
         return decode_bodies(rows)
 

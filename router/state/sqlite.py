@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 
 import orjson
 
-from router.state.common import check_page, decode_bodies, item_id, sqlite_page
+from router.state.common import UNFINISHED, check_page, decode_bodies, item_id, sqlite_page
 from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.sqlite_schema import MIGRATIONS
-from router.state.store import Item, ItemPage, Order, ResponseDeleted, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse
 
 T = TypeVar("T")
 
@@ -64,16 +64,17 @@ PURGE_BATCH = 1000
 # "Not expired", given the store's clock as the parameter :now.
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
+# The second column says whether the response the chain ends at is unfinished (on its rows, last).
 _HISTORY_SQL = f"""
-WITH RECURSIVE chain(id, prev, depth) AS (
-    SELECT id, previous_response_id, 0 FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
+WITH RECURSIVE chain(id, prev, depth, unfinished) AS (
+    SELECT id, previous_response_id, 0, status IN {UNFINISHED!r} FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
     UNION ALL
-    SELECT r.id, r.previous_response_id, c.depth + 1
+    SELECT r.id, r.previous_response_id, c.depth + 1, 0
     FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = :owner
         AND (r.expires_at IS NULL OR r.expires_at > :now)
     WHERE c.depth < :max_depth
 )
-SELECT i.body FROM chain c LEFT JOIN items i ON i.response_id = c.id
+SELECT i.body, c.unfinished FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
 """
 
@@ -357,6 +358,8 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         rows = conn.execute(_HISTORY_SQL, params).fetchall()
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
+        if rows[-1][1]:
+            raise ResponseInProgress(response_id)
         # A response without items yields one row with a NULL body: skip it.
         return decode_bodies(rows)
 

@@ -65,6 +65,10 @@ class ResponseDeleted(KeyError):
     """A put with ``existing`` found no response to update: it was deleted meanwhile."""
 
 
+class ResponseInProgress(Exception):
+    """``load_history`` from a response that has not finished: a turn on it would miss its output."""
+
+
 @dataclass(slots=True)
 class Conversation:
     id: str
@@ -109,7 +113,9 @@ class Store(Protocol):
         For each response of the chain: its input items, then its output
         items, each by position. The chain stops at the first ancestor that is
         missing, expired or another owner's. None when ``response_id`` itself
-        is unknown (or expired) to this owner.
+        is unknown (or expired) to this owner. Raises ResponseInProgress when
+        ``response_id`` is queued or in progress (a background response still
+        running): its output is not there yet.
         """
 
     async def delete_response(self, response_id: str, owner: str) -> bool:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.items import CALLS, OUTPUTS, Item
-from router.state.store import Store
+from router.state.store import ResponseInProgress, Store
 
 
 async def load_history(store: Store, previous_response_id: str | None, owner: str) -> list[Item]:
     if previous_response_id is None:
         return []
-    items = await store.load_history(previous_response_id, owner)
+    try:
+        items = await store.load_history(previous_response_id, owner)
+    except ResponseInProgress:
+        raise InvalidRequest(
+            f"Previous response with id '{previous_response_id}' is still in progress; continue from it once it has "
+            "finished (or cancel it).", param="previous_response_id", code="previous_response_in_progress") from None
     if items is None:
         raise NotFound(
             f"Previous response with id '{previous_response_id}' not found.",
