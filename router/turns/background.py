@@ -86,24 +86,7 @@ class BackgroundRuns:
         rid = run.response["id"]
         log_ = _EventLog(self.store, rid, self.max_events, self._wake[rid])
         try:
-            try:
-                try:
-                    await run.open_stream()
-                    async for events in run.events(background=True):
-                        await log_.add(events)
-                except APIError:  # the worker could not be reached: stored failed by the runner
-                    await log_.add(run.failure_events)
-                except asyncio.CancelledError:
-                    if rid not in self._cancelling:
-                        raise
-                    await log_.add(await run.cancelled())
-            except asyncio.CancelledError:  # shutdown: record the failure while we still can
-                await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
-            except ResponseDeleted:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
-                log.exception("background response %s crashed", rid)
-                await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
+            await self._drive(run, log_)
         except ResponseDeleted:  # deleted while it ran: nothing to record, and it stays deleted
             log.info("background response %s was deleted while it ran; stopped", rid)
         finally:
@@ -111,6 +94,27 @@ class BackgroundRuns:
             self._runs.pop(rid, None)
             self._cancelling.discard(rid)
             self._wake.pop(rid, None)
+
+    async def _drive(self, run: ResponseRun, log_: _EventLog) -> None:
+        """Run it to its end, whichever way it ends recorded (unless it was deleted meanwhile)."""
+        try:
+            try:
+                await run.open_stream()
+                async for events in run.events(background=True):
+                    await log_.add(events)
+            except APIError:  # the worker could not be reached: stored failed by the runner
+                await log_.add(run.failure_events)
+            except asyncio.CancelledError:
+                if run.response["id"] not in self._cancelling:
+                    raise
+                await log_.add(await run.cancelled())
+        except asyncio.CancelledError:  # shutdown: record the failure while we still can
+            await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
+        except ResponseDeleted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
+            log.exception("background response %s crashed", run.response["id"])
+            await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
 
     async def cancel(self, body: dict[str, Any], owner: str) -> None:
         """Ask whichever replica runs it to stop, and wait (at most ``CANCEL_WAIT_S``) until it has,
