@@ -63,6 +63,7 @@ class Job:
     token_pattern: str = "event: response.output_text.delta"
     done_pattern: str = "event: response.completed"
     expect_tokens: int = 0
+    at_least: bool = False  # expect_tokens is a floor, not the exact count
     ramp_s: float = 0.0  # spread the first round's sends evenly over this long (0: all at once)
     rss_interval_s: float = 0.02
     nofile: int = 8192
@@ -295,7 +296,8 @@ async def run_streams(job: Job) -> dict[str, Any]:
                     watcher.counts["in_flight"] -= 1
                     if conn.headers_at:
                         watcher.counts["open"] -= 1
-            ok = status == 200 and conn.saw_done and (not job.expect_tokens or conn.tokens == job.expect_tokens)
+            enough = conn.tokens >= job.expect_tokens if job.at_least else conn.tokens == job.expect_tokens
+            ok = status == 200 and conn.saw_done and (not job.expect_tokens or enough)
             return {"status": status, "tokens": conn.tokens, "chunks": conn.chunks, "done": conn.saw_done,
                     "ok": ok, "bytes": conn.nbytes, "s": time.perf_counter() - t0, "why": error_message(conn.failure)}
 

@@ -154,7 +154,7 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
             router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src, harmony_vocab=vocab)
             try:
                 res["harmony_responses"] = scenarios.responses_nonstream(router, sim, s, layout)
-                res["harmony_streaming"] = scenarios.streaming_cpu(router, sim, s, layout)
+                res["harmony_streaming"] = scenarios.streaming_cpu(router, sim, s, layout, harmony=True)
             finally:
                 router.stop()
         finally:
