@@ -591,6 +591,33 @@ def test_concurrent_puts_fail_alone(backend: Backend) -> None:
     backend.run(body)
 
 
+def test_sqlite_group_of_new_responses_in_multi_row_inserts(sqlite_db: SQLite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent puts of new responses go in a few multi-row INSERTs (chunks of 256, 128, ...
+    rows); one re-put among them sends that group put by put. Every response and item lands."""
+    groups: list[int] = []
+    real = SQLiteStore._put_group
+
+    def counting(conn: sqlite3.Connection, batch: list[Any]) -> None:
+        groups.append(len(batch))
+        real(conn, batch)
+
+    monkeypatch.setattr(SQLiteStore, "_put_group", staticmethod(counting))
+
+    async def body(s: Store) -> None:
+        await s.put_response(resp("old"))
+        many = [resp(f"n{i}", inputs=[msg(f"n{i}-a"), msg(f"n{i}-b")]) for i in range(300)]
+        assert await asyncio.gather(*(s.put_response(r) for r in many)) == [None] * 300
+        assert max(groups) > 1  # grouped, the case under test
+        for i in (0, 137, 299):
+            assert await ids(s, f"n{i}") == [f"n{i}-a", f"n{i}-b", f"n{i}-out"]
+        mixed = [resp(f"m{i}") for i in range(5)] + [resp("old", outputs=[msg("new-out", role="assistant")])]
+        assert await asyncio.gather(*(s.put_response(r) for r in mixed)) == [None] * 6
+        assert await ids(s, "old") == ["old-in", "new-out"]  # replaced, not doubled
+        assert [await ids(s, f"m{i}") for i in range(5)] == [[f"m{i}-in", f"m{i}-out"] for i in range(5)]
+
+    sqlite_db.run(body)
+
+
 def test_sqlite_put_while_another_process_holds_the_write_lock(sqlite_db: SQLite) -> None:
     """An idle store commits on the loop without waiting; a locked file sends the put to the
     store's thread, which waits for the lock while the loop goes on."""

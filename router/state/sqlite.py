@@ -26,6 +26,7 @@ mixins over the same connection and thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import Callable
@@ -112,6 +113,41 @@ ON CONFLICT(id) DO UPDATE SET
         ELSE excluded.lease_until END
 WHERE responses.owner = excluded.owner
 """
+
+
+# Rows per multi-row INSERT: powers of two up to this, so a connection's statement cache (128)
+# holds every one of them; SQLite's parameter limit (999 before 3.32) caps it too.
+_MAX_GROUP_ROWS = 256
+_PARAMS = sqlite3.connect(":memory:").getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+
+class _NotAllNew(Exception):
+    """A group put found a response that is not new: the group goes put by put."""
+
+
+def _row_chunks(rows: list[Any], width: int) -> list[list[Any]]:
+    """``rows`` (flat, ``width`` values each) cut into chunks of power-of-two row counts, largest first."""
+    most = min(_MAX_GROUP_ROWS, _PARAMS // width)
+    chunks, start, total = [], 0, len(rows) // width
+    while start < total:
+        size = most
+        while size > total - start:
+            size //= 2
+        chunks.append(rows[start * width:(start + size) * width])
+        start += size
+    return chunks
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_responses(n: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+    return (f"INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, "
+            f"lease_holder, lease_until) VALUES {values} ON CONFLICT(id) DO NOTHING")
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_items(n: int) -> str:
+    return "INSERT INTO items (response_id, kind, position, item_id, body) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * n)
 
 
 class SQLiteStore(SQLiteConversations, SQLiteBackground):
@@ -300,11 +336,18 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
     def _put_many_sync(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[BaseException | None]:
         """All puts in one transaction; if any fails, the group is undone and each put goes
         again in its own, so a failing put fails alone (no savepoint per put: two statements
-        saved on every put of the common, all-good group)."""
+        saved on every put of the common, all-good group). A group of new responses, the
+        common one, is written by ``_put_group``; one with an update among them put by put."""
         if len(batch) > 1:
             try:
-                SQLiteStore._write(conn, lambda: [SQLiteStore._put_statements(conn, r) for r in batch])
+                SQLiteStore._write(conn, lambda: SQLiteStore._put_group(conn, batch))
                 return [None] * len(batch)
+            except _NotAllNew:
+                try:
+                    SQLiteStore._write(conn, lambda: [SQLiteStore._put_statements(conn, r) for r in batch])
+                    return [None] * len(batch)
+                except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
+                    pass
             except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
                 pass
         errors: list[BaseException | None] = []
@@ -315,6 +358,28 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 errors.append(exc)
         return errors
+
+    @staticmethod
+    def _put_group(conn: sqlite3.Connection, batch: list[StoredResponse]) -> None:
+        """New responses and their items in a few multi-row INSERTs per table (``_row_chunks``).
+        Each statement lets the GIL go and takes it back once, where put by put did it for
+        every statement and every item row, each a hand-off with the loop's thread. Raises
+        _NotAllNew (and the transaction is undone) when one of them is not new."""
+        if any(r.existing for r in batch):
+            raise _NotAllNew
+        rows: list[Any] = []
+        items: list[Any] = []
+        for r in batch:  # everything serialized before anything is written: a bad item fails here
+            rows += (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(r.body), r.expires_at,
+                     r.lease_holder, r.lease_until)
+            for kind, its in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
+                for position, item in enumerate(its):
+                    items += (r.id, kind, position, item_id(item), orjson.dumps(item))
+        for chunk in _row_chunks(rows, 9):
+            if conn.execute(_insert_responses(len(chunk) // 9), chunk).rowcount != len(chunk) // 9:
+                raise _NotAllNew  # an id that is there already: each put its own way
+        for chunk in _row_chunks(items, 5):
+            conn.execute(_insert_items(len(chunk) // 5), chunk)
 
     @staticmethod
     def _put_sync(conn: sqlite3.Connection, r: StoredResponse) -> None:
