@@ -663,3 +663,18 @@ def test_sqlite_wal_stays_bounded_under_steady_inline_puts(sqlite_db: SQLite) ->
         assert wal < 2 * sqlite_mod.INLINE_CHECKPOINT_PUTS * 10 * 4120, wal
 
     sqlite_db.run(body)
+
+
+def test_sqlite_open_failure_names_the_file(tmp_path: Path) -> None:
+    """A store path that is a folder (or unreadable): start-up's one line must say which file."""
+    folder = tmp_path / "responses.db"
+    folder.mkdir()
+
+    async def body() -> None:
+        store = SQLiteStore(str(folder))
+        with pytest.raises(sqlite3.OperationalError) as err:
+            await store.open()
+        assert str(folder) in str(err.value)
+        await store.close()
+
+    asyncio.run(body())

@@ -212,9 +212,15 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     def _open_sync(self) -> None:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
-        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise sqlite3.OperationalError(f"{self.path}: {exc}") from None  # start-up's one line names the file
+        try:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")  # the first read: a folder or an unreadable file fails here
+            except sqlite3.Error as exc:
+                raise sqlite3.OperationalError(f"{self.path}: {exc}") from None
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=5000")
