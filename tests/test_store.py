@@ -24,6 +24,7 @@ import router.state.sqlite as sqlite_mod
 from router.config import ConfigError, StoreConfig
 from router.state import make_store
 from router.state.postgres import PostgresStore
+from router.state import sqlite_puts
 from router.state.sqlite import SQLiteStore
 from router.state.store import Item, Store
 from tests import store_fixtures
@@ -595,13 +596,13 @@ def test_sqlite_group_of_new_responses_in_multi_row_inserts(sqlite_db: SQLite, m
     """Concurrent puts of new responses go in a few multi-row INSERTs (chunks of 256, 128, ...
     rows); one re-put among them sends that group put by put. Every response and item lands."""
     groups: list[int] = []
-    real = SQLiteStore._put_group
+    real = sqlite_puts._put_group
 
     def counting(conn: sqlite3.Connection, batch: list[Any]) -> None:
         groups.append(len(batch))
         real(conn, batch)
 
-    monkeypatch.setattr(SQLiteStore, "_put_group", staticmethod(counting))
+    monkeypatch.setattr(sqlite_puts, "_put_group", counting)
 
     async def body(s: Store) -> None:
         await s.put_response(resp("old"))

@@ -18,7 +18,8 @@ expired response (``expires_at <= clock()``) is a gap too, until
 ``purge_expired`` removes it.
 
 The class is split by concern: this module holds the connection, migrating
-and responses; ``sqlite_schema`` the migrations; ``sqlite_conversations`` and
+and responses; ``sqlite_schema`` the migrations; ``sqlite_puts`` how responses
+are written (one put, a group of them); ``sqlite_conversations`` and
 ``sqlite_background`` the conversation and background-response methods as
 mixins over the same connection and thread.
 """
@@ -26,7 +27,6 @@ mixins over the same connection and thread.
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 import time
 from collections.abc import Callable
@@ -35,11 +35,12 @@ from typing import Any, TypeVar
 
 import orjson
 
-from router.state.common import UNFINISHED, check_page, decode_bodies, item_id, sqlite_page
+from router.state.common import UNFINISHED, check_page, decode_bodies, sqlite_page
 from router.state.sqlite_background import SQLiteBackground
+from router.state.sqlite_puts import INPUT, put_many, put_one, transaction
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.sqlite_schema import MIGRATIONS
-from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseInProgress, StoredResponse
 
 T = TypeVar("T")
 
@@ -50,7 +51,6 @@ T = TypeVar("T")
 sqlite3.register_adapter(bytes, bytes)
 sqlite3.register_adapter(type(None), lambda value: value)
 
-INPUT, OUTPUT = 0, 1
 # A chain deeper than this is treated as corrupt (a cycle written by a bug)
 # and cut, so a recursive query can never run forever.
 MAX_CHAIN_DEPTH = 100_000
@@ -89,67 +89,6 @@ SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.
 WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
 """
 
-# Most puts write a response this router just created: a plain insert, nothing to replace.
-_INSERT_NEW_SQL = """
-INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT(id) DO NOTHING
-"""
-
-# The same holder re-putting its response never shortens its lease: a renewal
-# may have extended it since the StoredResponse was built.
-_UPSERT_SQL = """
-INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT(id) DO UPDATE SET
-    previous_response_id = excluded.previous_response_id,
-    created_at = excluded.created_at,
-    status = excluded.status,
-    body = excluded.body,
-    expires_at = excluded.expires_at,
-    lease_holder = excluded.lease_holder,
-    lease_until = CASE WHEN excluded.lease_holder = responses.lease_holder
-        THEN max(coalesce(responses.lease_until, excluded.lease_until), coalesce(excluded.lease_until, responses.lease_until))
-        ELSE excluded.lease_until END
-WHERE responses.owner = excluded.owner
-"""
-
-
-# Rows per multi-row INSERT: powers of two up to this, so a connection's statement cache (128)
-# holds every one of them; SQLite's parameter limit (999 before 3.32) caps it too.
-_MAX_GROUP_ROWS = 256
-_PARAMS = sqlite3.connect(":memory:").getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-
-
-class _NotAllNew(Exception):
-    """A group put found a response that is not new: the group goes put by put."""
-
-
-def _row_chunks(rows: list[Any], width: int) -> list[list[Any]]:
-    """``rows`` (flat, ``width`` values each) cut into chunks of power-of-two row counts, largest first."""
-    most = min(_MAX_GROUP_ROWS, _PARAMS // width)
-    chunks, start, total = [], 0, len(rows) // width
-    while start < total:
-        size = most
-        while size > total - start:
-            size //= 2
-        chunks.append(rows[start * width:(start + size) * width])
-        start += size
-    return chunks
-
-
-@functools.lru_cache(maxsize=None)
-def _insert_responses(n: int) -> str:
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
-    return (f"INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, "
-            f"lease_holder, lease_until) VALUES {values} ON CONFLICT(id) DO NOTHING")
-
-
-@functools.lru_cache(maxsize=None)
-def _insert_items(n: int) -> str:
-    return "INSERT INTO items (response_id, kind, position, item_id, body) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * n)
-
-
 class SQLiteStore(SQLiteConversations, SQLiteBackground):
     """``Store`` + ``ConversationStore`` + ``BackgroundStore`` over a SQLite file (or ":memory:" for tests)."""
 
@@ -184,18 +123,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
     def _now(self) -> int:
         return int(self.clock())
 
-    @staticmethod
-    def _write(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
-        """One write transaction. IMMEDIATE takes the write lock up front, so another
-        process's writer waits out the busy timeout instead of deadlocking on upgrade."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = statements()
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+    _write = staticmethod(transaction)
 
     async def open(self) -> None:
         """Connect on the store's thread and bring the schema up to date."""
@@ -277,7 +205,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         Raises PermissionError when the id exists under another owner. The
         lease columns are written too; a pending cancel request is kept.
         Concurrent puts are committed together (one commit, one thread hop); one
-        failing put leaves the others intact (see ``_put_many_sync``).
+        failing put leaves the others intact (see ``sqlite_puts.put_many``).
         """
         if (self._inline is not None and self.quiet is not None and not self._writing and not self._pending
                 and not self._checkpointing and self.quiet() and self._put_inline(response)):
@@ -293,7 +221,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         """Commit on the loop; False when another connection holds the write lock."""
         assert self._inline is not None
         try:
-            self._put_sync(self._inline, response)
+            put_one(self._inline, response)
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 return False
@@ -325,7 +253,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    errors = await self._run(self._put_many_sync, [r for r, _ in batch])
+                    errors = await self._run(put_many, [r for r, _ in batch])
                 except BaseException as exc:  # the transaction itself failed: every put of it did
                     errors = [exc] * len(batch)
                 for (_, future), error in zip(batch, errors):
@@ -337,78 +265,6 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                         future.set_exception(error)
         finally:
             self._writing = False
-
-    @staticmethod
-    def _put_many_sync(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[BaseException | None]:
-        """All puts in one transaction; if any fails, the group is undone and each put goes
-        again in its own, so a failing put fails alone (no savepoint per put: two statements
-        saved on every put of the common, all-good group). A group of new responses, the
-        common one, is written by ``_put_group``; one with an update among them put by put."""
-        if len(batch) > 1:
-            try:
-                SQLiteStore._write(conn, lambda: SQLiteStore._put_group(conn, batch))
-                return [None] * len(batch)
-            except _NotAllNew:
-                try:
-                    SQLiteStore._write(conn, lambda: [SQLiteStore._put_statements(conn, r) for r in batch])
-                    return [None] * len(batch)
-                except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
-                    pass
-            except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
-                pass
-        errors: list[BaseException | None] = []
-        for response in batch:
-            try:
-                SQLiteStore._put_sync(conn, response)
-                errors.append(None)
-            except Exception as exc:  # noqa: BLE001 - handed to the caller
-                errors.append(exc)
-        return errors
-
-    @staticmethod
-    def _put_group(conn: sqlite3.Connection, batch: list[StoredResponse]) -> None:
-        """New responses and their items in a few multi-row INSERTs per table (``_row_chunks``).
-        Each statement lets the GIL go and takes it back once, where put by put did it for
-        every statement and every item row, each a hand-off with the loop's thread. Raises
-        _NotAllNew (and the transaction is undone) when one of them is not new."""
-        if any(r.existing for r in batch):
-            raise _NotAllNew
-        rows: list[Any] = []
-        items: list[Any] = []
-        for r in batch:  # everything serialized before anything is written: a bad item fails here
-            rows += (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(r.body), r.expires_at,
-                     r.lease_holder, r.lease_until)
-            for kind, its in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
-                for position, item in enumerate(its):
-                    items += (r.id, kind, position, item_id(item), orjson.dumps(item))
-        for chunk in _row_chunks(rows, 9):
-            if conn.execute(_insert_responses(len(chunk) // 9), chunk).rowcount != len(chunk) // 9:
-                raise _NotAllNew  # an id that is there already: each put its own way
-        for chunk in _row_chunks(items, 5):
-            conn.execute(_insert_items(len(chunk) // 5), chunk)
-
-    @staticmethod
-    def _put_sync(conn: sqlite3.Connection, r: StoredResponse) -> None:
-        SQLiteStore._write(conn, lambda: SQLiteStore._put_statements(conn, r))
-
-    @staticmethod
-    def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
-        # Serialize everything before writing: a bad item fails here with nothing written.
-        body = orjson.dumps(r.body)
-        rows: list[tuple[str, int, int, str | None, bytes]] = []
-        for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
-            for position, item in enumerate(items):
-                rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
-        row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at,
-               r.lease_holder, r.lease_until)
-        if r.existing and conn.execute("SELECT 1 FROM responses WHERE id = ?", (r.id,)).fetchone() is None:
-            raise ResponseDeleted(r.id)
-        if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and all its items
-            if conn.execute(_UPSERT_SQL, row).rowcount != 1:
-                # The id exists under another owner: never let one key overwrite another's.
-                raise PermissionError(f"response {r.id!r} belongs to another owner")
-            conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
-        conn.executemany("INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
         return await self._run(self._get_sync, response_id, owner, self._now())
