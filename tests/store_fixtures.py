@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import asyncpg
+import orjson
 import pytest
 
 import router.state.postgres as postgres_mod
@@ -80,11 +81,21 @@ class SQLite(Backend):
         return SQLiteStore(str(self.path), **({"clock": clock} if clock else {}))
 
     def raw_items(self, rid: str) -> list[tuple[int, int, str | None]]:
+        """From the response's own row (its ``input`` and ``output``); checks that ``item_ids``
+        holds exactly their ids for it, none left behind by a replace or a delete."""
         with sqlite3.connect(self.path) as conn:
-            sql = "SELECT kind, position, item_id FROM items WHERE response_id = ? ORDER BY kind, position"
-            return conn.execute(sql, (rid,)).fetchall()
+            row = conn.execute("SELECT input, output FROM responses WHERE id = ?", (rid,)).fetchone()
+            indexed = sorted(iid for (iid,) in conn.execute("SELECT item_id FROM item_ids WHERE response_id = ?", (rid,)))
+        rows: list[tuple[int, int, str | None]] = []
+        for kind, blob in enumerate(row or ()):
+            for position, item in enumerate(orjson.loads(blob) if blob else []):
+                rows.append((kind, position, item["id"] if isinstance(item.get("id"), str) else None))
+        assert indexed == sorted({iid for _, _, iid in rows if iid is not None})
+        return rows
 
     def raw_count(self, table: str) -> int:
+        if table == "items":
+            table = "item_ids"  # a response's items are in its own row; their ids, one row each, here
         with sqlite3.connect(self.path) as conn:
             return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 

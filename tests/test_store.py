@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -402,6 +403,47 @@ def test_sqlite_migrates_a_v1_file(sqlite_db: SQLite) -> None:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_mod.MIGRATIONS)
 
 
+def test_sqlite_migrates_item_rows_into_their_responses(sqlite_db: SQLite) -> None:
+    """A v5 file (one row per item, the output also in the body) reads the same after migration 6,
+    and what is written to it afterwards keeps its item ids exact."""
+    a = resp("a", inputs=[msg("a-in"), msg("a-in2", "two")], outputs=[msg("a-out", role="assistant")])
+    b = resp("b", prev="a", inputs=[{"type": "message", "role": "user", "content": "no id"}])
+    with sqlite3.connect(sqlite_db.path) as conn:
+        for migration in sqlite_mod.MIGRATIONS[:5]:
+            for statement in migration:
+                conn.execute(statement)
+        for r in (a, b):  # as the v5 code wrote them
+            conn.execute("INSERT INTO responses (id, owner, previous_response_id, created_at, status, body) "
+                         "VALUES (?, ?, ?, 0, ?, ?)", (r.id, r.owner, r.previous_response_id, r.status,
+                                                       orjson.dumps(r.body)))
+            for kind, items in ((0, r.input_items), (1, r.body["output"])):
+                conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?)",
+                                 [(r.id, kind, k, item.get("id"), orjson.dumps(item)) for k, item in enumerate(items)])
+        conn.execute("PRAGMA user_version = 5")
+
+    async def body(s: Store) -> None:
+        assert await s.get_response("a", "alice") == a.body
+        assert await s.get_response("b", "alice") == b.body
+        assert await s.load_history("b", "alice") == [*a.input_items, *a.body["output"], *b.input_items,
+                                                       *b.body["output"]]
+        assert await s.get_items(["a-in2", "b-out", "nope"], "alice") == {"a-in2": msg("a-in2", "two"),
+                                                                         "b-out": b.body["output"][0]}
+        page = await s.list_input_items("a", "alice", order="asc", limit=1)
+        assert page is not None and page.data == [msg("a-in")] and page.has_more
+        await s.put_response(resp("a", inputs=[msg("a-new")], outputs=[]))  # a replace
+        assert await s.get_items(["a-in", "a-new"], "alice") == {"a-new": msg("a-new")}
+        assert await s.delete_response("b", "alice")
+
+    sqlite_db.run(body)
+    assert sqlite_db.raw_items("a") == [(0, 0, "a-new")]  # and item_ids holds just that id for it
+    assert sqlite_db.raw_items("b") == []
+    assert sqlite_db.query("SELECT item_id, response_id FROM item_ids") == [("a-new", "a")]
+    with sqlite3.connect(sqlite_db.path) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'items'").fetchone() == (0,)
+        (stored,) = conn.execute("SELECT body FROM responses WHERE id = 'a'").fetchone()
+        assert orjson.loads(stored)["output"] is None  # the output is stored once, in its column
+
+
 def test_sqlite_memory_database_works() -> None:
     async def body(s: Store) -> None:
         await s.put_response(resp("a"))
@@ -417,12 +459,9 @@ def test_sqlite_very_deep_chain_written_directly(sqlite_db: SQLite) -> None:
     sqlite_db.run(lambda s: s.get_response("x", "alice"))  # create the schema
     with sqlite3.connect(sqlite_db.path) as conn:
         conn.executemany(
-            "INSERT INTO responses (id, owner, previous_response_id, created_at, status, body)"
-            " VALUES (?, 'alice', ?, 0, 'completed', x'7b7d')",
-            [(f"r{k}", f"r{k - 1}" if k else None) for k in range(n)],
-        )
-        conn.executemany(
-            "INSERT INTO items VALUES (?, 1, 0, ?, ?)", [(f"r{k}", f"o{k}", b'{"id":"o%d"}' % k) for k in range(n)]
+            "INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, output)"
+            " VALUES (?, 'alice', ?, 0, 'completed', x'7b7d', ?)",
+            [(f"r{k}", f"r{k - 1}" if k else None, b'[{"id":"o%d"}]' % k) for k in range(n)],
         )
     history = sqlite_db.run(lambda s: s.load_history(f"r{n - 1}", "alice"))
     assert history is not None and [i["id"] for i in history] == [f"o{k}" for k in range(n)]
@@ -435,7 +474,7 @@ def test_sqlite_failure_inside_transaction_rolls_back(sqlite_db: SQLite) -> None
     # Make the database itself refuse one insert, mid-way through put_response's transaction.
     with sqlite3.connect(sqlite_db.path) as conn:
         conn.execute(
-            "CREATE TRIGGER boom BEFORE INSERT ON items WHEN NEW.item_id = 'bad' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+            "CREATE TRIGGER boom BEFORE INSERT ON item_ids WHEN NEW.item_id = 'bad' BEGIN SELECT RAISE(ABORT, 'boom'); END"
         )
     new = resp("r", status="failed", inputs=[msg("j0"), msg("j1")], outputs=[msg("p0"), msg("bad"), msg("p2")])
 

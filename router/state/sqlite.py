@@ -35,9 +35,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from router.state.common import UNFINISHED, check_page, decode_bodies, sqlite_page
+from router.state.common import UNFINISHED, check_page, item_id
 from router.state.sqlite_background import SQLiteBackground
-from router.state.sqlite_puts import INPUT, put_many, put_one, transaction
+from router.state.sqlite_puts import decode_body, decode_items, forget_items, put_many, put_one, transaction
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.sqlite_schema import MIGRATIONS
 from router.state.store import Item, ItemPage, Order, ResponseInProgress, StoredResponse
@@ -65,27 +65,29 @@ PURGE_BATCH = 1000
 # "Not expired", given the store's clock as the parameter :now.
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
-# The second column says whether the response the chain ends at is unfinished (on its rows, last).
+# One row per response of the chain, its items in its own row; the last column says whether
+# the response the chain ends at (the first row) is unfinished.
 _HISTORY_SQL = f"""
-WITH RECURSIVE chain(id, prev, depth, unfinished) AS (
-    SELECT id, previous_response_id, 0, status IN {UNFINISHED!r} FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
+WITH RECURSIVE chain(id, prev, depth, input, output, unfinished) AS (
+    SELECT id, previous_response_id, 0, input, output, status IN {UNFINISHED!r}
+    FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
     UNION ALL
-    SELECT r.id, r.previous_response_id, c.depth + 1, 0
+    SELECT r.id, r.previous_response_id, c.depth + 1, r.input, r.output, 0
     FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = :owner
         AND (r.expires_at IS NULL OR r.expires_at > :now)
     WHERE c.depth < :max_depth
 )
-SELECT i.body, c.unfinished FROM chain c LEFT JOIN items i ON i.response_id = c.id
-ORDER BY c.depth DESC, i.kind, i.position
+SELECT input, output, unfinished FROM chain ORDER BY depth DESC
 """
 
-# Items by id (:ids, a JSON array) from the owner's live responses and conversations.
+# Items by id (:ids, a JSON array) from the owner's live responses (the rows holding them:
+# the caller finds each among their items) and conversations (the item itself, as output).
 _GET_ITEMS_SQL = """
-SELECT i.item_id, i.body FROM items i JOIN responses r ON r.id = i.response_id
-WHERE i.item_id IN (SELECT value FROM json_each(:ids)) AND r.owner = :owner
+SELECT x.item_id, r.input, r.output FROM item_ids x JOIN responses r ON r.id = x.response_id
+WHERE x.item_id IN (SELECT value FROM json_each(:ids)) AND r.owner = :owner
     AND (r.expires_at IS NULL OR r.expires_at > :now)
 UNION ALL
-SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
+SELECT ci.item_id, NULL, ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
 WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
 """
 
@@ -174,8 +176,11 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             if version > len(MIGRATIONS):
                 raise RuntimeError(f"database schema v{version} is newer than this code's v{len(MIGRATIONS)}")
             for n in range(version, len(MIGRATIONS)):
-                for statement in MIGRATIONS[n]:
-                    conn.execute(statement)
+                for step in MIGRATIONS[n]:
+                    if isinstance(step, str):
+                        conn.execute(step)
+                    else:
+                        step(conn)
             conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
 
         SQLiteStore._write(conn, apply)
@@ -271,9 +276,9 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     @staticmethod
     def _get_sync(conn: sqlite3.Connection, response_id: str, owner: str, now: int) -> dict[str, Any] | None:
-        sql = f"SELECT body FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
+        sql = f"SELECT body, output FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
         row = conn.execute(sql, {"id": response_id, "owner": owner, "now": now}).fetchone()
-        return None if row is None else orjson.loads(row[0])
+        return None if row is None else decode_body(*row)
 
     async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
         """One recursive query; a missing (deleted, expired) ancestor ends the chain there."""
@@ -284,11 +289,10 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         params = {"id": response_id, "owner": owner, "now": now, "max_depth": MAX_CHAIN_DEPTH}
         rows = conn.execute(_HISTORY_SQL, params).fetchall()
         if not rows:
-            return None  # the LEFT JOIN yields >= 1 row for every response found
-        if rows[-1][1]:
+            return None
+        if rows[-1][2]:
             raise ResponseInProgress(response_id)
-        # A response without items yields one row with a NULL body: skip it.
-        return decode_bodies(rows)
+        return [item for inputs, output, _ in rows for item in decode_items(inputs, output)]
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places
@@ -297,22 +301,38 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             return {}
         params = {"ids": orjson.dumps(list(item_ids)).decode(), "owner": owner, "now": self._now()}
         rows = await self._run(lambda conn: conn.execute(_GET_ITEMS_SQL, params).fetchall())
-        return {iid: orjson.loads(body) for iid, body in rows}
+        found: dict[str, Item] = {}
+        for iid, inputs, output in rows:
+            if inputs is None:  # a conversation's item
+                found[iid] = orjson.loads(output)
+                continue
+            for item in decode_items(inputs, output):
+                if item_id(item) == iid:
+                    found[iid] = item
+                    break
+        return found
 
     async def delete_response(self, response_id: str, owner: str) -> bool:
-        """Items and events go by ON DELETE CASCADE; children keep their own rows."""
+        """Item ids go with it, events by ON DELETE CASCADE; children keep their own rows."""
         return await self._run(self._delete_sync, response_id, owner, self._now())
 
     @staticmethod
     def _delete_sync(conn: sqlite3.Connection, response_id: str, owner: str, now: int) -> bool:
         # An expired response is deleted too, but it was not there as far as the caller knows.
-        sql = f"DELETE FROM responses WHERE id = :id AND owner = :owner RETURNING {_LIVE}"
+        sql = f"DELETE FROM responses WHERE id = :id AND owner = :owner RETURNING id, input, output, {_LIVE}"
         params = {"id": response_id, "owner": owner, "now": now}
-        rows = SQLiteStore._write(conn, lambda: conn.execute(sql, params).fetchall())
-        return bool(rows and rows[0][0])
+        rows = SQLiteStore._write(conn, lambda: SQLiteStore._delete_rows(conn, sql, params))
+        return bool(rows and rows[0][3])
+
+    @staticmethod
+    def _delete_rows(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+        """Run a DELETE ... RETURNING id, input, output on responses, and drop their item ids."""
+        rows = conn.execute(sql, params).fetchall()
+        forget_items(conn, [row[:3] for row in rows])
+        return rows
 
     async def purge_expired(self, now: int) -> int:
-        """Delete expired responses (items, events by cascade) in batches of PURGE_BATCH transactions."""
+        """Delete expired responses (their item ids, events by cascade) in batches of PURGE_BATCH transactions."""
         total = 0
         while True:
             n = await self._run(self._purge_sync, now)
@@ -322,8 +342,9 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     @staticmethod
     def _purge_sync(conn: sqlite3.Connection, now: int) -> int:
-        sql = "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at <= ? LIMIT ?)"
-        return SQLiteStore._write(conn, lambda: conn.execute(sql, (now, PURGE_BATCH)).rowcount)
+        sql = ("DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at <= ? LIMIT ?) "
+               "RETURNING id, input, output")
+        return len(SQLiteStore._write(conn, lambda: SQLiteStore._delete_rows(conn, sql, (now, PURGE_BATCH))))
 
     async def list_input_items(
         self,
@@ -347,17 +368,19 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
     def _list_sync(
         conn: sqlite3.Connection, response_id: str, owner: str, after: str | None, limit: int, order: Order, now: int
     ) -> ItemPage | None:
-        # A read transaction: the checks and the page see one snapshot.
-        conn.execute("BEGIN")
-        try:
-            sql = f"SELECT 1 FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
-            known = conn.execute(sql, {"id": response_id, "owner": owner, "now": now})
-            if known.fetchone() is None:
-                return None
-            return sqlite_page(conn, "items", f"response_id = ? AND kind = {INPUT}", (response_id,),
-                               after=after, limit=limit, order=order)
-        finally:
-            conn.execute("COMMIT")
+        sql = f"SELECT input FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}"
+        row = conn.execute(sql, {"id": response_id, "owner": owner, "now": now}).fetchone()
+        if row is None:
+            return None
+        items = decode_items(row[0], None)
+        if order == "desc":
+            items.reverse()
+        start = 0
+        if after is not None:
+            start = next((k + 1 for k, item in enumerate(items) if item_id(item) == after), -1)
+            if start < 0:
+                raise KeyError(after)
+        return ItemPage(data=items[start:start + limit], has_more=len(items) > start + limit)
 
     async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
         """Record where a stored response was served (ignored when the response is not stored)."""

@@ -18,9 +18,6 @@ from router.state.store import ResponseDeleted, StoredResponse
 
 T = TypeVar("T")
 
-INPUT, OUTPUT = 0, 1
-
-
 def transaction(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
     """One write transaction. IMMEDIATE takes the write lock up front, so another
     process's writer waits out the busy timeout instead of deadlocking on upgrade."""
@@ -34,18 +31,17 @@ def transaction(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
     return result
 
 
+_COLUMNS = "id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until, input, output"
+_WIDTH = 11
+
 # Most puts write a response this router just created: a plain insert, nothing to replace.
-_INSERT_NEW_SQL = """
-INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT(id) DO NOTHING
-"""
+_INSERT_NEW_SQL = f"INSERT INTO responses ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING"
 
 # The same holder re-putting its response never shortens its lease: a renewal
 # may have extended it since the StoredResponse was built.
-_UPSERT_SQL = """
-INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+_UPSERT_SQL = f"""
+INSERT INTO responses ({_COLUMNS})
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT(id) DO UPDATE SET
     previous_response_id = excluded.previous_response_id,
     created_at = excluded.created_at,
@@ -55,9 +51,53 @@ ON CONFLICT(id) DO UPDATE SET
     lease_holder = excluded.lease_holder,
     lease_until = CASE WHEN excluded.lease_holder = responses.lease_holder
         THEN max(coalesce(responses.lease_until, excluded.lease_until), coalesce(excluded.lease_until, responses.lease_until))
-        ELSE excluded.lease_until END
+        ELSE excluded.lease_until END,
+    input = excluded.input,
+    output = excluded.output
 WHERE responses.owner = excluded.owner
 """
+
+
+def encode(r: StoredResponse) -> tuple[tuple[Any, ...], list[str]]:
+    """The response's row and its item ids (each once), serialized before anything is written:
+    a bad item fails here. The body's ``output`` is kept in its own column and left null in
+    the body (``decode_body`` puts it back), so it is stored once."""
+    body, output = r.body, None
+    if "output" in body:
+        output = orjson.dumps(body["output"])
+        body = {**body, "output": None}
+    row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(body), r.expires_at,
+           r.lease_holder, r.lease_until, orjson.dumps(r.input_items), output)
+    return row, item_ids(r.input_items, r.body.get("output"))
+
+
+def item_ids(inputs: Any, outputs: Any) -> list[str]:
+    """The string ids of these items, each once, in order."""
+    ids = [iid for items in (inputs, outputs) if isinstance(items, list) for item in items
+           if isinstance(item, dict) and (iid := item_id(item)) is not None]
+    return ids if len(set(ids)) == len(ids) else list(dict.fromkeys(ids))
+
+
+def decode_body(body: bytes, output: bytes | None) -> Any:
+    """The Response object as it was put: ``encode``'s inverse."""
+    response = orjson.loads(body)
+    if output is not None and type(response) is dict and "output" in response:
+        response["output"] = orjson.loads(output)
+    return response
+
+
+def decode_items(inputs: bytes | None, output: bytes | None) -> list[Any]:
+    """A response's input items, then its output items."""
+    items = orjson.loads(inputs) if inputs is not None else []
+    outputs = orjson.loads(output) if output is not None else None
+    return items + outputs if outputs else items
+
+
+def forget_items(conn: sqlite3.Connection, rows: list[tuple[str, bytes | None, bytes | None]]) -> None:
+    """Drop the ``item_ids`` rows of responses gone or rewritten: (id, input, output) each."""
+    keys = [(iid, rid) for rid, inputs, output in rows
+            for iid in item_ids(orjson.loads(inputs) if inputs else [], orjson.loads(output) if output else [])]
+    conn.executemany("DELETE FROM item_ids WHERE item_id = ? AND response_id = ?", keys)
 
 
 # Rows per multi-row INSERT: powers of two up to this, so a connection's statement cache (128)
@@ -85,14 +125,13 @@ def _row_chunks(rows: list[Any], width: int) -> list[list[Any]]:
 
 @functools.lru_cache(maxsize=None)
 def _insert_responses(n: int) -> str:
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
-    return (f"INSERT INTO responses (id, owner, previous_response_id, created_at, status, body, expires_at, "
-            f"lease_holder, lease_until) VALUES {values} ON CONFLICT(id) DO NOTHING")
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+    return f"INSERT INTO responses ({_COLUMNS}) VALUES {values} ON CONFLICT(id) DO NOTHING"
 
 
 @functools.lru_cache(maxsize=None)
-def _insert_items(n: int) -> str:
-    return "INSERT INTO items (response_id, kind, position, item_id, body) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * n)
+def _insert_ids(n: int) -> str:
+    return "INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES " + ", ".join(["(?, ?)"] * n)
 
 
 def put_many(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[BaseException | None]:
@@ -123,25 +162,24 @@ def put_many(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[Base
 
 
 def _put_group(conn: sqlite3.Connection, batch: list[StoredResponse]) -> None:
-    """New responses and their items in a few multi-row INSERTs per table (``_row_chunks``).
+    """New responses and their item ids in a few multi-row INSERTs per table (``_row_chunks``).
     Each statement lets the GIL go and takes it back once, where put by put did it for
-    every statement and every item row, each a hand-off with the loop's thread. Raises
-    _NotAllNew (and the transaction is undone) when one of them is not new."""
+    every statement, each a hand-off with the loop's thread. Raises _NotAllNew (and the
+    transaction is undone) when one of them is not new."""
     if any(r.existing for r in batch):
         raise _NotAllNew
     rows: list[Any] = []
-    items: list[Any] = []
+    ids: list[Any] = []
     for r in batch:  # everything serialized before anything is written: a bad item fails here
-        rows += (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(r.body), r.expires_at,
-                 r.lease_holder, r.lease_until)
-        for kind, its in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
-            for position, item in enumerate(its):
-                items += (r.id, kind, position, item_id(item), orjson.dumps(item))
-    for chunk in _row_chunks(rows, 9):
-        if conn.execute(_insert_responses(len(chunk) // 9), chunk).rowcount != len(chunk) // 9:
+        row, iids = encode(r)
+        rows += row
+        for iid in iids:
+            ids += (iid, r.id)
+    for chunk in _row_chunks(rows, _WIDTH):
+        if conn.execute(_insert_responses(len(chunk) // _WIDTH), chunk).rowcount != len(chunk) // _WIDTH:
             raise _NotAllNew  # an id that is there already: each put its own way
-    for chunk in _row_chunks(items, 5):
-        conn.execute(_insert_items(len(chunk) // 5), chunk)
+    for chunk in _row_chunks(ids, 2):
+        conn.execute(_insert_ids(len(chunk) // 2), chunk)
 
 
 def put_one(conn: sqlite3.Connection, r: StoredResponse) -> None:
@@ -149,19 +187,14 @@ def put_one(conn: sqlite3.Connection, r: StoredResponse) -> None:
 
 
 def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
-    # Serialize everything before writing: a bad item fails here with nothing written.
-    body = orjson.dumps(r.body)
-    rows: list[tuple[str, int, int, str | None, bytes]] = []
-    for kind, items in ((INPUT, r.input_items), (OUTPUT, r.body.get("output") or [])):
-        for position, item in enumerate(items):
-            rows.append((r.id, kind, position, item_id(item), orjson.dumps(item)))
-    row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, body, r.expires_at,
-           r.lease_holder, r.lease_until)
+    row, iids = encode(r)  # before writing: a bad item fails here with nothing written
     if r.existing and conn.execute("SELECT 1 FROM responses WHERE id = ?", (r.id,)).fetchone() is None:
         raise ResponseDeleted(r.id)
-    if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and all its items
-        if conn.execute(_UPSERT_SQL, row).rowcount != 1:
+    if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and its item ids
+        old = conn.execute("SELECT input, output FROM responses WHERE id = ? AND owner = ?", (r.id, r.owner)).fetchone()
+        if old is None or conn.execute(_UPSERT_SQL, row).rowcount != 1:
             # The id exists under another owner: never let one key overwrite another's.
             raise PermissionError(f"response {r.id!r} belongs to another owner")
-        conn.execute("DELETE FROM items WHERE response_id = ?", (r.id,))
-    conn.executemany("INSERT INTO items (response_id, kind, position, item_id, body) VALUES (?, ?, ?, ?, ?)", rows)
+        forget_items(conn, [(r.id, *old)])
+    for chunk in _row_chunks([v for iid in iids for v in (iid, r.id)], 2):
+        conn.execute(_insert_ids(len(chunk) // 2), chunk)

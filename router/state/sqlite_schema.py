@@ -5,8 +5,41 @@ Kept apart from the store's code: the file's layout changes only by appending he
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
+
+import orjson
+
+# A step of a migration: a statement, or a function for what SQL alone does not do well.
+Step = str | Callable[[sqlite3.Connection], None]
+
+
+def _items_into_responses(conn: sqlite3.Connection) -> None:
+    """Migration 6's data: each response's item rows become its ``input`` and ``output``
+    arrays, its body keeps a null ``output`` (the column holds it), and every item id
+    gets its ``item_ids`` row."""
+    kinds: dict[str, tuple[list[bytes], list[bytes]]] = {}
+    ids: list[tuple[str, str]] = []
+    for rid, kind, iid, body in conn.execute(
+            "SELECT response_id, kind, item_id, body FROM items ORDER BY response_id, kind, position"):
+        kinds.setdefault(rid, ([], []))[1 if kind else 0].append(body.encode() if isinstance(body, str) else body)
+        if iid is not None:
+            ids.append((iid, rid))
+    updates = []
+    for rid, body in conn.execute("SELECT id, body FROM responses").fetchall():
+        inputs, outputs = kinds.get(rid, ([], []))
+        response = orjson.loads(body) if body is not None else None
+        output: bytes | None = b"[" + b",".join(outputs) + b"]" if outputs else None
+        if isinstance(response, dict) and "output" in response:
+            output = orjson.dumps(response["output"])
+            body = orjson.dumps({**response, "output": None})
+        updates.append((b"[" + b",".join(inputs) + b"]", output, body, rid))
+    conn.executemany("UPDATE responses SET input = ?, output = ?, body = ? WHERE id = ?", updates)
+    conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)", ids)
+
+
 # MIGRATIONS[n] takes the schema from user_version n to n + 1. Append only.
-MIGRATIONS: list[list[str]] = [
+MIGRATIONS: list[list[Step]] = [
     [
         """CREATE TABLE responses (
             id TEXT PRIMARY KEY,
@@ -72,5 +105,22 @@ MIGRATIONS: list[list[str]] = [
         # The primary key (response_id, kind, position) finds a response's items already; this
         # index only made every put write one more page (measured: ~10% of a put's CPU).
         "DROP INDEX IF EXISTS items_by_item_id",
+    ],
+    [
+        # A response's items live in its own row (``input``, ``output``: JSON arrays), and only
+        # their ids in a table of their own, for item references. An item row per item took
+        # three b-trees (the rows, their key, the id index) and repeated the output the body
+        # held; measured, a put wrote 7.5 WAL pages instead of 4.8 and cost ~30% more CPU.
+        # No foreign key: the store deletes a response's ids with it (their rows' key starts
+        # with the item id, so a key on response_id would be one more b-tree per put).
+        "ALTER TABLE responses ADD COLUMN input BLOB",
+        "ALTER TABLE responses ADD COLUMN output BLOB",
+        """CREATE TABLE item_ids (
+            item_id TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            PRIMARY KEY (item_id, response_id)
+        ) WITHOUT ROWID""",
+        _items_into_responses,
+        "DROP TABLE items",
     ],
 ]
