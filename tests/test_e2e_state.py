@@ -95,6 +95,30 @@ def test_responses_in_a_conversation(client: openai.OpenAI) -> None:
     assert err.value.body["code"] == "conversation_not_found"
 
 
+def test_a_chain_from_a_conversation_response_continues_what_it_saw(client: openai.OpenAI) -> None:
+    """previous_response_id on a response made in a conversation: the model sees the conversation's
+    items before that response, then the response's own, then the chain; not what came later."""
+    conv = client.conversations.create(items=[{"type": "message", "role": "developer", "content": "be terse"}])
+    client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "my name is Ada"}])
+    first = client.responses.create(model=MODEL, input="hello", conversation=conv.id)
+    client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "later"}])
+    second = client.responses.create(model=MODEL, input="and?", previous_response_id=first.id)
+    third = client.responses.create(model=MODEL, input="what is my name? [sim:echo]", previous_response_id=second.id)
+    assert json.loads(third.output_text) == [
+        {"role": "system", "content": "be terse"}, {"role": "user", "content": "my name is Ada"},
+        {"role": "user", "content": "hello"}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "and?"}, {"role": "assistant", "content": second.output_text},
+        {"role": "user", "content": "what is my name? [sim:echo]"},
+    ]
+    # The response's own input items are still just its own.
+    assert [i.content[0].text for i in client.responses.input_items.list(first.id).data] == ["hello"]
+    client.conversations.delete(conv.id)  # the conversation gone, the chain keeps the responses' own items
+    after = client.responses.create(model=MODEL, input="now? [sim:echo]", previous_response_id=first.id)
+    assert json.loads(after.output_text) == [{"role": "user", "content": "hello"},
+                                             {"role": "assistant", "content": first.output_text},
+                                             {"role": "user", "content": "now? [sim:echo]"}]
+
+
 def test_item_reference_resolved_from_the_store(client: openai.OpenAI) -> None:
     earlier = client.responses.create(model=MODEL, input="remember this")
     reply = client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": earlier.output[0].id},

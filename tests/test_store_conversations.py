@@ -13,7 +13,7 @@ import pytest
 
 from router.state.store import Conversation
 from tests import store_fixtures
-from tests.store_fixtures import NOW, Backend, msg, resp
+from tests.store_fixtures import NOW, Backend, ids, msg, resp
 
 backend, pg_dsn = store_fixtures.backend, store_fixtures.pg_dsn
 
@@ -48,7 +48,7 @@ def test_create_get_update_delete(backend: Backend) -> None:
         assert await s.get_conversation("conv_1", "alice") is None
         assert await s.load_conversation("conv_1", "alice") is None
         assert await s.update_conversation("conv_1", "alice", {"k": "v"}) is None
-        assert await s.add_conversation_items("conv_1", "alice", [msg("c")]) is False
+        assert await s.add_conversation_items("conv_1", "alice", [msg("c")]) is None
         assert await s.list_conversation_items("conv_1", "alice") is None
         assert await s.get_conversation_item("conv_1", "alice", "a") is None
         assert await s.delete_conversation_item("conv_1", "alice", "a") is False
@@ -64,7 +64,7 @@ def test_owner_isolation_on_every_method(backend: Backend) -> None:
         await s.create_conversation(conv(k="v"), [msg("a")])
         assert await s.get_conversation("conv_1", "bob") is None
         assert await s.update_conversation("conv_1", "bob", {"evil": "1"}) is None
-        assert await s.add_conversation_items("conv_1", "bob", [msg("evil")]) is False
+        assert await s.add_conversation_items("conv_1", "bob", [msg("evil")]) is None
         assert await s.load_conversation("conv_1", "bob") is None
         assert await s.list_conversation_items("conv_1", "bob") is None
         assert await s.list_conversation_items("conv_1", "bob", after="zzz") is None  # unknown beats a bad after
@@ -82,13 +82,14 @@ def test_owner_isolation_on_every_method(backend: Backend) -> None:
 def test_add_items_appends_in_order(backend: Backend) -> None:
     async def body(s: Any) -> None:
         await s.create_conversation(conv(), [msg("a"), msg("b")])
-        assert await s.add_conversation_items("conv_1", "alice", [msg("c"), msg("d")]) is True
-        assert await s.add_conversation_items("conv_1", "alice", []) is True
+        # Each append says where its first item went: positions 0, 1 are a and b.
+        assert await s.add_conversation_items("conv_1", "alice", [msg("c"), msg("d")]) == 2
+        assert await s.add_conversation_items("conv_1", "alice", []) == 4
         assert await s.delete_conversation_item("conv_1", "alice", "b") is True
         assert await s.delete_conversation_item("conv_1", "alice", "b") is False
         assert await s.get_conversation_item("conv_1", "alice", "b") is None
         # After a deletion, appends still go to the end.
-        assert await s.add_conversation_items("conv_1", "alice", [msg(f"e{k}") for k in range(11)]) is True
+        assert await s.add_conversation_items("conv_1", "alice", [msg(f"e{k}") for k in range(11)]) == 4
         assert await conv_ids(s) == ["a", "c", "d", *(f"e{k}" for k in range(11))]
         assert await s.get_conversation_item("conv_1", "alice", "e10") == msg("e10")
         # An empty conversation, and one emptied, load as [].
@@ -221,3 +222,25 @@ def test_get_items_across_responses_and_conversations(backend: Backend) -> None:
         assert await s.get_items(["in3", "c2", "c1"], "alice") == {"c1": msg("c1")}
 
     backend.run(body, clock=lambda: NOW)
+
+
+def test_history_from_a_response_made_in_a_conversation(backend: Backend) -> None:
+    """A chain whose first response was made in a conversation starts with the conversation's items
+    before that response's own (as they are now: a deleted one is gone), never later ones."""
+    async def body(s: Any) -> None:
+        await s.create_conversation(conv(), [msg("c0"), msg("c1")])
+        await s.delete_conversation_item("conv_1", "alice", "c0")
+        start = await s.add_conversation_items("conv_1", "alice", [msg("r-in"), msg("r-out", role="assistant")])
+        assert start == 2
+        r = resp("r", inputs=[msg("r-in")], outputs=[msg("r-out", role="assistant")])
+        r.conversation_id, r.conversation_position = "conv_1", start
+        await s.put_response(r)
+        await s.add_conversation_items("conv_1", "alice", [msg("later")])
+        await s.put_response(resp("child", prev="r"))
+        assert await ids(s, "child") == ["c1", "r-in", "r-out", "child-in", "child-out"]
+        assert await ids(s, "r") == ["c1", "r-in", "r-out"]
+        assert await s.load_history("r", "bob") is None  # the owner's, as every chain
+        await s.delete_conversation("conv_1", "alice")
+        assert await ids(s, "child") == ["r-in", "r-out", "child-in", "child-out"]
+
+    backend.run(body)

@@ -111,7 +111,7 @@ class ConversationsAPI:
         batch_calls = _call_ids(items)
         if any(item["type"] in OUTPUTS and item["call_id"] not in batch_calls for item in items):
             _outputs_answer_calls(items, await self.store.load_conversation(cid, owner) or [])
-        if not await self.store.add_conversation_items(cid, owner, items):
+        if await self.store.add_conversation_items(cid, owner, items) is None:
             raise _not_found(cid)
         return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
                               "has_more": False})

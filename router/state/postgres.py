@@ -109,6 +109,11 @@ MIGRATIONS: list[list[str]] = [
             body BYTEA NOT NULL
         )""",
     ],
+    [
+        # A response created in a conversation: where its own items went there. A chain from it
+        # continues the conversation's items before that position, then its own.
+        "ALTER TABLE responses ADD COLUMN conversation_id TEXT, ADD COLUMN conversation_position INTEGER",
+    ],
 ]
 
 _MIGRATIONS_TABLE = """CREATE TABLE schema_migrations (
@@ -122,23 +127,31 @@ _LIVE = "(expires_at IS NULL OR expires_at > $3)"
 _GET_SQL = f"SELECT body FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}"
 
 _HISTORY_SQL = f"""
-WITH RECURSIVE chain (id, prev, depth, unfinished) AS (
-    SELECT id, previous_response_id, 0, status IN {UNFINISHED!r} FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}
+WITH RECURSIVE chain (id, prev, depth, unfinished, conversation_id, conversation_position) AS (
+    SELECT id, previous_response_id, 0, status IN {UNFINISHED!r}, conversation_id, conversation_position
+    FROM responses WHERE id = $1 AND owner = $2 AND {_LIVE}
     UNION ALL
-    SELECT r.id, r.previous_response_id, c.depth + 1, false
+    SELECT r.id, r.previous_response_id, c.depth + 1, false, r.conversation_id, r.conversation_position
     FROM chain c JOIN responses r ON r.id = c.prev
     WHERE r.owner = $2 AND (r.expires_at IS NULL OR r.expires_at > $3) AND c.depth < $4
 )
-SELECT i.body, c.unfinished FROM chain c LEFT JOIN items i ON i.response_id = c.id
+SELECT i.body, c.unfinished, c.conversation_id, c.conversation_position FROM chain c LEFT JOIN items i ON i.response_id = c.id
 ORDER BY c.depth DESC, i.kind, i.position
+"""
+
+# The items a response created in a conversation saw there: those before its own.
+_CONVERSATION_BEFORE_SQL = """
+SELECT ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
+WHERE c.id = $1 AND c.owner = $2 AND ci.position < $3 ORDER BY ci.position
 """
 
 # The lease is written too, but the same holder re-putting its response never
 # shortens it (a renewal may have extended it since the StoredResponse was
 # built); ``cancel_requested`` is left alone.
 _UPSERT_SQL = """
-INSERT INTO responses AS r (id, owner, previous_response_id, created_at, status, expires_at, body, lease_holder, lease_until)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO responses AS r (id, owner, previous_response_id, created_at, status, expires_at, body, lease_holder, lease_until,
+    conversation_id, conversation_position)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (id) DO UPDATE SET
     previous_response_id = excluded.previous_response_id,
     created_at = excluded.created_at,
@@ -147,7 +160,9 @@ ON CONFLICT (id) DO UPDATE SET
     body = excluded.body,
     lease_holder = excluded.lease_holder,
     lease_until = CASE WHEN excluded.lease_holder = r.lease_holder
-        THEN greatest(r.lease_until, excluded.lease_until) ELSE excluded.lease_until END
+        THEN greatest(r.lease_until, excluded.lease_until) ELSE excluded.lease_until END,
+    conversation_id = excluded.conversation_id,
+    conversation_position = excluded.conversation_position
 WHERE r.owner = excluded.owner
 RETURNING 1
 """
@@ -291,7 +306,8 @@ class PostgresStore(PostgresConversations, PostgresBackground):
                 raise ResponseDeleted(r.id)
             lease_until = None if r.lease_until is None else float(r.lease_until)
             row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, r.expires_at, body)
-            if await conn.fetchval(_UPSERT_SQL, *row, r.lease_holder, lease_until) is None:
+            if await conn.fetchval(_UPSERT_SQL, *row, r.lease_holder, lease_until, r.conversation_id,
+                                   r.conversation_position) is None:
                 # The id exists under another owner: never let one key overwrite another's.
                 raise PermissionError(f"response {r.id!r} belongs to another owner")
             # A statement of its own: its snapshot sees the items of a put we waited for.
@@ -311,7 +327,12 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         if rows[-1][1]:
             raise ResponseInProgress(response_id)
         # A response without items yields one row with a NULL body: skip it.
-        return decode_bodies(rows)
+        items = decode_bodies(rows)
+        conversation_id, position = rows[0][2:]
+        if conversation_id is None:
+            return items
+        before = await self._pool.fetch(_CONVERSATION_BEFORE_SQL, conversation_id, owner, position)
+        return decode_bodies(before) + items
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places

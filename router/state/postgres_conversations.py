@@ -133,16 +133,17 @@ class PostgresConversations:
         status = await self._pool.execute("DELETE FROM conversations WHERE id = $1 AND owner = $2", conversation_id, owner)
         return _count(status) == 1
 
-    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> bool:
-        """Append after the last item, in one transaction; False when the conversation is unknown."""
+    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> int | None:
+        """Append after the last item, in one transaction: the first one's position, None when unknown."""
         encoded = encode_items(items)
         async with self._pool.acquire() as conn, conn.transaction():
             end = await conn.fetchval(_RESERVE_SQL, conversation_id, owner, len(encoded))
             if end is None:
-                return False
+                return None
+            start: int = end - len(encoded)
             if encoded:
-                await conn.execute(_INSERT_ITEMS_SQL, conversation_id, end - len(encoded), *map(list, zip(*encoded)))
-        return True
+                await conn.execute(_INSERT_ITEMS_SQL, conversation_id, start, *map(list, zip(*encoded)))
+        return start
 
     async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
         """Every item, oldest first, in one query; None when unknown."""

@@ -65,19 +65,26 @@ PURGE_BATCH = 1000
 # "Not expired", given the store's clock as the parameter :now.
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
-# One row per response of the chain, its items in its own row; the last column says whether
-# the response the chain ends at (the first row) is unfinished.
+# One row per response of the chain, oldest first, its items in its own row; the third column
+# says whether the response the chain ends at (the last row) is unfinished; the last two where
+# the oldest one's items went in the conversation it was created in, if any.
 _HISTORY_SQL = f"""
-WITH RECURSIVE chain(id, prev, depth, input, output, unfinished) AS (
-    SELECT id, previous_response_id, 0, input, output, status IN {UNFINISHED!r}
+WITH RECURSIVE chain(id, prev, depth, input, output, unfinished, conversation_id, conversation_position) AS (
+    SELECT id, previous_response_id, 0, input, output, status IN {UNFINISHED!r}, conversation_id, conversation_position
     FROM responses WHERE id = :id AND owner = :owner AND {_LIVE}
     UNION ALL
-    SELECT r.id, r.previous_response_id, c.depth + 1, r.input, r.output, 0
+    SELECT r.id, r.previous_response_id, c.depth + 1, r.input, r.output, 0, r.conversation_id, r.conversation_position
     FROM chain c JOIN responses r ON r.id = c.prev AND r.owner = :owner
         AND (r.expires_at IS NULL OR r.expires_at > :now)
     WHERE c.depth < :max_depth
 )
-SELECT input, output, unfinished FROM chain ORDER BY depth DESC
+SELECT input, output, unfinished, conversation_id, conversation_position FROM chain ORDER BY depth DESC
+"""
+
+# The items a response created in a conversation saw there: those before its own.
+_CONVERSATION_BEFORE_SQL = """
+SELECT ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
+WHERE c.id = ? AND c.owner = ? AND ci.position < ? ORDER BY ci.position
 """
 
 # Items by id (:ids, a JSON array) from the owner's live responses (the rows holding them:
@@ -292,7 +299,12 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             return None
         if rows[-1][2]:
             raise ResponseInProgress(response_id)
-        return [item for inputs, output, _ in rows for item in decode_items(inputs, output)]
+        items = [item for inputs, output, *_ in rows for item in decode_items(inputs, output)]
+        conversation_id, position = rows[0][3:]
+        if conversation_id is None:
+            return items
+        before = conn.execute(_CONVERSATION_BEFORE_SQL, (conversation_id, owner, position)).fetchall()
+        return [orjson.loads(body) for (body,) in before] + items
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places

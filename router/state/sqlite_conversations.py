@@ -94,24 +94,24 @@ class SQLiteConversations:
         n = await self._run(lambda conn: self._write(conn, lambda: conn.execute(sql, params).rowcount))
         return n == 1
 
-    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> bool:
-        """Append after the last item, in one transaction; False when the conversation is unknown."""
+    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> int | None:
+        """Append after the last item, in one transaction: the first one's position, None when unknown."""
         encoded = encode_items(items)
 
-        def run(conn: sqlite3.Connection) -> bool:
-            def statements() -> bool:
+        def run(conn: sqlite3.Connection) -> int | None:
+            def statements() -> int | None:
                 row = conn.execute(
                     "UPDATE conversations SET next_position = next_position + ? WHERE id = ? AND owner = ?"
                     " RETURNING next_position",
                     (len(encoded), conversation_id, owner),
                 ).fetchall()
                 if not row:
-                    return False
-                start = row[0][0] - len(encoded)
+                    return None
+                start: int = row[0][0] - len(encoded)
                 conn.executemany(
                     _INSERT_ITEMS, [(conversation_id, start + k, iid, body) for k, (iid, body) in enumerate(encoded)]
                 )
-                return True
+                return start
 
             return self._write(conn, statements)
 

@@ -31,17 +31,19 @@ def transaction(conn: sqlite3.Connection, statements: Callable[[], T]) -> T:
     return result
 
 
-_COLUMNS = "id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until, input, output"
-_WIDTH = 11
+_COLUMNS = ("id, owner, previous_response_id, created_at, status, body, expires_at, lease_holder, lease_until, "
+            "input, output, conversation_id, conversation_position")
+_WIDTH = 13
+_VALUES = "(" + ", ".join(["?"] * _WIDTH) + ")"
 
 # Most puts write a response this router just created: a plain insert, nothing to replace.
-_INSERT_NEW_SQL = f"INSERT INTO responses ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING"
+_INSERT_NEW_SQL = f"INSERT INTO responses ({_COLUMNS}) VALUES {_VALUES} ON CONFLICT(id) DO NOTHING"
 
 # The same holder re-putting its response never shortens its lease: a renewal
 # may have extended it since the StoredResponse was built.
 _UPSERT_SQL = f"""
 INSERT INTO responses ({_COLUMNS})
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+VALUES {_VALUES}
 ON CONFLICT(id) DO UPDATE SET
     previous_response_id = excluded.previous_response_id,
     created_at = excluded.created_at,
@@ -53,7 +55,9 @@ ON CONFLICT(id) DO UPDATE SET
         THEN max(coalesce(responses.lease_until, excluded.lease_until), coalesce(excluded.lease_until, responses.lease_until))
         ELSE excluded.lease_until END,
     input = excluded.input,
-    output = excluded.output
+    output = excluded.output,
+    conversation_id = excluded.conversation_id,
+    conversation_position = excluded.conversation_position
 WHERE responses.owner = excluded.owner
 """
 
@@ -67,7 +71,8 @@ def encode(r: StoredResponse) -> tuple[tuple[Any, ...], list[str]]:
         output = orjson.dumps(body["output"])
         body = {**body, "output": None}
     row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(body), r.expires_at,
-           r.lease_holder, r.lease_until, orjson.dumps(r.input_items), output)
+           r.lease_holder, r.lease_until, orjson.dumps(r.input_items), output, r.conversation_id,
+           r.conversation_position)
     return row, item_ids(r.input_items, r.body.get("output"))
 
 
@@ -125,8 +130,7 @@ def _row_chunks(rows: list[Any], width: int) -> list[list[Any]]:
 
 @functools.lru_cache(maxsize=None)
 def _insert_responses(n: int) -> str:
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
-    return f"INSERT INTO responses ({_COLUMNS}) VALUES {values} ON CONFLICT(id) DO NOTHING"
+    return f"INSERT INTO responses ({_COLUMNS}) VALUES {', '.join([_VALUES] * n)} ON CONFLICT(id) DO NOTHING"
 
 
 @functools.lru_cache(maxsize=None)

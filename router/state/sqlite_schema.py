@@ -123,4 +123,10 @@ MIGRATIONS: list[list[Step]] = [
         _items_into_responses,
         "DROP TABLE items",
     ],
+    [
+        # A response created in a conversation: where its own items went there. A chain from it
+        # continues the conversation's items before that position, then its own.
+        "ALTER TABLE responses ADD COLUMN conversation_id TEXT",
+        "ALTER TABLE responses ADD COLUMN conversation_position INTEGER",
+    ],
 ]

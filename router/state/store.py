@@ -56,6 +56,10 @@ class StoredResponse:
     # Every response put as queued/in_progress needs a lease: ``fail_abandoned`` fails one without.
     lease_holder: str | None = None
     lease_until: float | None = None
+    # Created in a conversation: it, and the position its own items took there. Its history is the
+    # conversation's items before that position, then its own (a chain from it continues them).
+    conversation_id: str | None = None
+    conversation_position: int | None = None
     # Put before by this run (a background response writing its progress): only ever update it, and
     # raise ResponseDeleted if it is gone, so a response deleted while it ran is not written back.
     existing: bool = False
@@ -173,8 +177,9 @@ class ConversationStore(Protocol):
     async def delete_conversation(self, conversation_id: str, owner: str) -> bool:
         """Remove the conversation and its items (the responses that used it stay)."""
 
-    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> bool:
-        """Append items at the end, atomically; False when the conversation is unknown."""
+    async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> int | None:
+        """Append items at the end, atomically. Returns the position the first of them took (the
+        conversation's end before them, for an empty list), None when the conversation is unknown."""
 
     async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
         """Every item, oldest first, in ONE query; None when unknown."""

@@ -356,8 +356,9 @@ class ResponseRun:
             if status == "failed":
                 self._timer.error((response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
+        position = None  # where this turn's items went in its conversation
         if self.conversation_id is not None and status in ("completed", "incomplete"):
-            await self.store.add_conversation_items(  # type: ignore[attr-defined]
+            position = await self.store.add_conversation_items(  # type: ignore[attr-defined]
                 self.conversation_id, self.owner, self.input_items + response["output"]
             )
         if not self.req.store:
@@ -376,6 +377,8 @@ class ResponseRun:
                 lease_holder=self.lease_holder if running else None,
                 lease_until=time.time() + self.lease_s if running else None,
                 existing=self._persisted,
+                conversation_id=self.conversation_id if position is not None else None,
+                conversation_position=position,
             )
         )
         self._persisted = True
