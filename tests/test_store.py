@@ -419,9 +419,16 @@ def test_sqlite_migrates_item_rows_into_their_responses(sqlite_db: SQLite) -> No
             for kind, items in ((0, r.input_items), (1, r.body["output"])):
                 conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?)",
                                  [(r.id, kind, k, item.get("id"), orjson.dumps(item)) for k, item in enumerate(items)])
+        conn.execute("INSERT INTO responses (id, owner, created_at, status, body) VALUES "
+                     "('empty', 'alice', 0, 'failed', '{\"id\":\"empty\",\"output\":[]}'), "
+                     "('broken', 'alice', 0, 'failed', 'not json')")
         conn.execute("PRAGMA user_version = 5")
 
     async def body(s: Store) -> None:
+        assert await s.get_response("empty", "alice") == {"id": "empty", "output": []}
+        assert await s.load_history("empty", "alice") == []
+        with pytest.raises(orjson.JSONDecodeError):  # as before the migration: that one read fails, no other
+            await s.get_response("broken", "alice")
         assert await s.get_response("a", "alice") == a.body
         assert await s.get_response("b", "alice") == b.body
         assert await s.load_history("b", "alice") == [*a.input_items, *a.body["output"], *b.input_items,

@@ -17,25 +17,43 @@ Step = str | Callable[[sqlite3.Connection], None]
 def _items_into_responses(conn: sqlite3.Connection) -> None:
     """Migration 6's data: each response's item rows become its ``input`` and ``output``
     arrays, its body keeps a null ``output`` (the column holds it), and every item id
-    gets its ``item_ids`` row."""
-    kinds: dict[str, tuple[list[bytes], list[bytes]]] = {}
-    ids: list[tuple[str, str]] = []
-    for rid, kind, iid, body in conn.execute(
-            "SELECT response_id, kind, item_id, body FROM items ORDER BY response_id, kind, position"):
-        kinds.setdefault(rid, ([], []))[1 if kind else 0].append(body.encode() if isinstance(body, str) else body)
+    gets its ``item_ids`` row. One response at a time (the items in their key's order), so
+    a big file is converted in little memory."""
+    rows = conn.execute("SELECT response_id, kind, item_id, body FROM items ORDER BY response_id, kind, position")
+    current: str | None = None
+    kinds: tuple[list[bytes], list[bytes]] = ([], [])
+    ids: list[str] = []
+    for rid, kind, iid, body in rows:
+        if rid != current:
+            if current is not None:
+                _move_items(conn, current, kinds, ids)
+            current, kinds, ids = rid, ([], []), []
+        kinds[1 if kind else 0].append(body.encode() if isinstance(body, str) else body)
         if iid is not None:
-            ids.append((iid, rid))
-    updates = []
-    for rid, body in conn.execute("SELECT id, body FROM responses").fetchall():
-        inputs, outputs = kinds.get(rid, ([], []))
+            ids.append(iid)
+    if current is not None:
+        _move_items(conn, current, kinds, ids)
+    for (rid,) in conn.execute("SELECT id FROM responses WHERE input IS NULL").fetchall():  # those without items
+        _move_items(conn, rid, ([], []), [])
+
+
+def _move_items(conn: sqlite3.Connection, rid: str, kinds: tuple[list[bytes], list[bytes]], ids: list[str]) -> None:
+    row = conn.execute("SELECT body FROM responses WHERE id = ?", (rid,)).fetchone()
+    if row is None:
+        return  # items of a response that is gone: they go with the table
+    inputs, outputs = kinds
+    body = row[0]
+    try:
         response = orjson.loads(body) if body is not None else None
-        output: bytes | None = b"[" + b",".join(outputs) + b"]" if outputs else None
-        if isinstance(response, dict) and "output" in response:
-            output = orjson.dumps(response["output"])
-            body = orjson.dumps({**response, "output": None})
-        updates.append((b"[" + b",".join(inputs) + b"]", output, body, rid))
-    conn.executemany("UPDATE responses SET input = ?, output = ?, body = ? WHERE id = ?", updates)
-    conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)", ids)
+    except orjson.JSONDecodeError:
+        response = None  # kept as it is: its reads fail as they did, the migration does not
+    output: bytes | None = b"[" + b",".join(outputs) + b"]" if outputs else None
+    if isinstance(response, dict) and "output" in response:
+        output = orjson.dumps(response["output"])
+        body = orjson.dumps({**response, "output": None})
+    conn.execute("UPDATE responses SET input = ?, output = ?, body = ? WHERE id = ?",
+                 (b"[" + b",".join(inputs) + b"]", output, body, rid))
+    conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)", [(i, rid) for i in ids])
 
 
 # MIGRATIONS[n] takes the schema from user_version n to n + 1. Append only.
