@@ -79,7 +79,7 @@ def test_any_interleaving_obeys_the_rules_and_matches_non_stream(batches, reason
     assert strip_ids(whole) == strip_ids(response)  # stream and non-stream give the same output
     status = "incomplete" if reason == "length" else "completed"
     assert response["status"] == status
-    assert response["usage"] == {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 1}, "output_tokens": n_out,
+    assert response["usage"] == {"input_tokens": n_in, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 1}, "output_tokens": n_out,
                                  "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": n_in + n_out}
     # Each kind of delta text ends up in its item, in order.
     all_deltas = [d for b in batches for d in b]
@@ -104,7 +104,8 @@ def test_failure_keeps_partial_output(batches) -> None:
     events += asm.fail(UpstreamError("broke", code="upstream_stream_broken"))
     final = check_stream(events)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-    assert final["status"] == "failed" and final["error"] == {"code": "upstream_stream_broken", "message": "broke"}
+    assert final["status"] == "failed" and final["error"] == {"code": "server_error", "message": "broke"}
+    assert events[-2]["code"] == "upstream_stream_broken"
     if final["output"]:
         assert final["output"][-1]["status"] == "incomplete"
 

@@ -148,7 +148,8 @@ def test_an_error_frame_after_the_200_fails_the_response(oss: openai.OpenAI, mod
     events = [e.model_dump() for e in oss.responses.create(model=model, input="x [sim:error_after=3]", stream=True)]
     final = check_stream(events)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-    assert final["error"]["code"] == "upstream_error" and "simulated" in final["error"]["message"].lower()
+    assert events[-2]["code"] == "upstream_error"
+    assert final["error"]["code"] == "server_error" and "simulated" in final["error"]["message"].lower()
     assert oss.responses.retrieve(final["id"]).status == "failed"
 
 

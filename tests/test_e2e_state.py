@@ -220,7 +220,10 @@ def test_a_turn_on_a_running_background_response_waits_for_it(client: openai.Ope
 def test_background_failure_is_recorded(client: openai.OpenAI) -> None:
     queued = client.responses.create(model=MODEL, input="boom [sim:drop_after=2] [sim:tokens=10]", background=True)
     failed = wait_for(client, queued.id, {"failed"})
-    assert failed.error.code == "upstream_stream_broken"
+    assert failed.error.code == "server_error" and failed.error.message
+    replayed = [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True)]
+    assert [e["type"] for e in replayed[-2:]] == ["error", "response.failed"]
+    assert replayed[-2]["code"] == "upstream_stream_broken"  # the log keeps what broke
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="x", background=True, store=False)
 

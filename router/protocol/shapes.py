@@ -55,10 +55,28 @@ def response_object(req: CreateResponse, *, response_id: str, created_at: int | 
     }
 
 
+# The codes a Response's ``error`` has in OpenAI's API (the SDK's ``ResponseError.code``, a closed
+# set). A failure of the router's own (``upstream_error``, ``router_stopped``, ...) is a
+# ``server_error`` there; the streamed ``error`` event, whose code is free, keeps the precise one.
+RESPONSE_ERROR_CODES = frozenset({
+    "server_error", "rate_limit_exceeded", "invalid_prompt", "data_residency_mismatch", "bio_policy",
+    "misalignment_policy_violation", "vector_store_timeout", "invalid_image", "invalid_image_format",
+    "invalid_base64_image", "invalid_image_url", "image_too_large", "image_too_small", "image_parse_error",
+    "image_content_policy_violation", "invalid_image_mode", "image_file_too_large", "unsupported_image_media_type",
+    "empty_image_file", "failed_to_download_image", "image_file_not_found",
+})
+
+
+def response_error(code: str | None, message: str) -> dict[str, Any]:
+    """A failed Response's ``error``."""
+    return {"code": code if code in RESPONSE_ERROR_CODES else "server_error", "message": message}
+
+
 def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0) -> dict[str, Any]:
+    # No engine reports what it wrote to its prefix cache: cache_write_tokens (required by the SDK's type) is 0.
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens},
+        "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": cached_tokens},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,

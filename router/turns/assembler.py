@@ -17,7 +17,7 @@ from typing import Any
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.protocol.errors import APIError
-from router.protocol.shapes import usage_object
+from router.protocol.shapes import response_error, usage_object
 from router.protocol.tools import ToolSet
 from router.protocol.ids import new_id
 from router.protocol.tools import ROUTER_KINDS
@@ -46,6 +46,7 @@ class Assembler:
         self._cut = False  # the engine stopped on the token budget
         self._turn_usage: Usage | None = None
         self._usage: list[int] | None = None  # input, output, cached, reasoning: summed over turns
+        self.error_code: str | None = None  # why it failed, as precisely as the router knows
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -176,7 +177,8 @@ class Assembler:
         self._abandon_open()
         response = self.response
         response["status"] = "failed"
-        response["error"] = {"code": error.code or error.type, "message": error.message}
+        self.error_code = error.code or error.type  # the precise one, for metrics and the error event
+        response["error"] = response_error(self.error_code, error.message)
         if self._turn_usage is not None:
             self.close_turn()
         self._set_usage()

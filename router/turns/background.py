@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from router.protocol.errors import APIError, InvalidRequest, NotFound
+from router.protocol.shapes import response_error
 from router.state.store import BackgroundStore, ResponseDeleted
 from router.turns.runner import ResponseRun
 
@@ -26,7 +27,8 @@ log = logging.getLogger("router.background")
 Event = dict[str, Any]
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
-ABANDONED = {"code": "router_stopped", "message": "The router running this background response stopped before it finished."}
+STOPPED = APIError("The router running this background response stopped before it finished.", code="router_stopped")
+ABANDONED = response_error(STOPPED.code, STOPPED.message)  # the stored error of a response nobody runs any more
 # How long a cancel request waits for the response to stop before it answers: the run here stops at
 # once; one on another replica sees the request at its next poll (``poll_s``).
 CANCEL_WAIT_S = 5.0
@@ -109,7 +111,7 @@ class BackgroundRuns:
                     raise
                 await log_.add(await run.cancelled())
         except asyncio.CancelledError:  # shutdown: record the failure while we still can
-            await log_.add(await run.failed(APIError(ABANDONED["message"], code=ABANDONED["code"])))
+            await log_.add(await run.failed(STOPPED))
         except ResponseDeleted:
             raise
         except Exception as exc:  # noqa: BLE001 - a background task must always end recorded

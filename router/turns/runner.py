@@ -354,7 +354,7 @@ class ResponseRun:
         status = response["status"]
         if self._timer is not None and status not in ("queued", "in_progress"):
             if status == "failed":
-                self._timer.error((response.get("error") or {}).get("code") or "failed")
+                self._timer.error(self._assembler.error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
         position = None  # where this turn's items went in its conversation
         if self.conversation_id is not None and status in ("completed", "incomplete"):
