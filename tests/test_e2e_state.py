@@ -119,6 +119,27 @@ def test_a_chain_from_a_conversation_response_continues_what_it_saw(client: open
                                              {"role": "user", "content": "now? [sim:echo]"}]
 
 
+def test_a_chain_from_a_failed_or_background_conversation_response_sees_what_it_saw(client: openai.OpenAI) -> None:
+    """The position kept is the conversation's end when the response was made: a response that failed
+    (its items never appended) continues the conversation too, and an item added while one ran is not
+    part of what it saw."""
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "seed"}])
+    events = list(client.responses.create(model=MODEL, input="drop [sim:drop_after=2] [sim:tokens=9]",
+                                          conversation=conv.id, stream=True))
+    failed = events[-1].response
+    assert failed.status == "failed"
+    after = client.responses.create(model=MODEL, input="go [sim:echo]", previous_response_id=failed.id)
+    assert [m["content"] for m in json.loads(after.output_text)][:2] == ["seed", "drop [sim:drop_after=2] [sim:tokens=9]"]
+    running = client.responses.create(model=MODEL, input="slow [sim:ttft_ms=800]", conversation=conv.id, background=True)
+    client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "meanwhile"}])
+    done = wait_for(client, running.id, {"completed"})
+    chained = client.responses.create(model=MODEL, input="next [sim:echo]", previous_response_id=running.id)
+    assert json.loads(chained.output_text) == [
+        {"role": "user", "content": "seed"}, {"role": "user", "content": "slow [sim:ttft_ms=800]"},
+        {"role": "assistant", "content": done.output_text}, {"role": "user", "content": "next [sim:echo]"},
+    ]
+
+
 def test_item_reference_resolved_from_the_store(client: openai.OpenAI) -> None:
     earlier = client.responses.create(model=MODEL, input="remember this")
     reply = client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": earlier.output[0].id},
@@ -141,6 +162,9 @@ def test_background_response_completes_and_replays(client: openai.OpenAI) -> Non
     assert final["output"][0]["content"][0]["text"] == done.output_text
     later = [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True, starting_after=10)]
     assert [e["sequence_number"] for e in later] == list(range(11, len(events)))
+    # A client that has seen the end (or asks past it) gets nothing more, not a second terminal event.
+    for after in (len(events) - 1, len(events) + 100):
+        assert list(client.responses.retrieve(queued.id, stream=True, starting_after=after)) == []
 
 
 def test_background_stream_is_resumable(client: openai.OpenAI) -> None:

@@ -7,15 +7,21 @@ Each test taking ``backend`` runs once on SQLite and once on PostgreSQL
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from typing import Any
 
+import orjson
 import pytest
+
+import router.state.postgres as postgres_mod
+import router.state.sqlite as sqlite_mod
 
 from router.state.store import Conversation
 from tests import store_fixtures
-from tests.store_fixtures import NOW, Backend, ids, msg, resp
+from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
 
 backend, pg_dsn = store_fixtures.backend, store_fixtures.pg_dsn
+sqlite_db, pg = store_fixtures.sqlite_db, store_fixtures.pg
 
 
 def conv(cid: str = "conv_1", owner: str = "alice", **metadata: str) -> Conversation:
@@ -226,14 +232,16 @@ def test_get_items_across_responses_and_conversations(backend: Backend) -> None:
 
 def test_history_from_a_response_made_in_a_conversation(backend: Backend) -> None:
     """A chain whose first response was made in a conversation starts with the conversation's items
-    before that response's own (as they are now: a deleted one is gone), never later ones."""
+    that response saw (as they are now: a deleted one is gone), never later ones."""
     async def body(s: Any) -> None:
         await s.create_conversation(conv(), [msg("c0"), msg("c1")])
         await s.delete_conversation_item("conv_1", "alice", "c0")
-        start = await s.add_conversation_items("conv_1", "alice", [msg("r-in"), msg("r-out", role="assistant")])
-        assert start == 2
+        assert await s.load_conversation_with_end("conv_1", "alice") == ([msg("c1")], 2)  # what r sees
+        assert await s.load_conversation_with_end("conv_1", "bob") is None
+        await s.add_conversation_items("conv_1", "alice", [msg("meanwhile")])  # while r runs
+        assert await s.add_conversation_items("conv_1", "alice", [msg("r-in"), msg("r-out", role="assistant")]) == 3
         r = resp("r", inputs=[msg("r-in")], outputs=[msg("r-out", role="assistant")])
-        r.conversation_id, r.conversation_position = "conv_1", start
+        r.conversation_id, r.conversation_position = "conv_1", 2
         await s.put_response(r)
         await s.add_conversation_items("conv_1", "alice", [msg("later")])
         await s.put_response(resp("child", prev="r"))
@@ -244,3 +252,59 @@ def test_history_from_a_response_made_in_a_conversation(backend: Backend) -> Non
         assert await ids(s, "child") == ["r-in", "r-out", "child-in", "child-out"]
 
     backend.run(body)
+
+
+def _old_conversation_rows() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """A conversation [seed, r's input, r's output] as a router before conversation positions left it,
+    with r (made in it) and f (made in it too, failed: its items never reached it)."""
+    items = [(0, msg("seed")), (1, msg("r-in")), (2, msg("r-out", role="assistant"))]
+    conversation_items = [("conv", k, item["id"], orjson.dumps(item)) for k, item in items]
+    bodies = {"r": {"id": "r", "conversation": {"id": "conv"}, "status": "completed", "output": [msg("r-out", role="assistant")]},
+              "f": {"id": "f", "conversation": {"id": "conv"}, "status": "failed", "output": []}}
+    responses = [(rid, "alice", 0, b["status"], orjson.dumps(b)) for rid, b in bodies.items()]
+    response_items = [("r", 0, 0, "r-in", orjson.dumps(msg("r-in"))),
+                      ("r", 1, 0, "r-out", orjson.dumps(msg("r-out", role="assistant"))),
+                      ("f", 0, 0, "f-in", orjson.dumps(msg("f-in")))]
+    return conversation_items, responses, response_items
+
+
+async def _check_old_conversation_chains(s: Any) -> None:
+    assert await ids(s, "r") == ["seed", "r-in", "r-out"]  # the position its input took, found by the migration
+    assert await ids(s, "f") == ["f-in"]  # nothing to find: as before
+    await s.put_response(resp("child", prev="r"))
+    assert await ids(s, "child") == ["seed", "r-in", "r-out", "child-in", "child-out"]
+
+
+def test_sqlite_migration_finds_old_conversation_positions(sqlite_db: SQLite) -> None:
+    conversation_items, responses, response_items = _old_conversation_rows()
+    with sqlite3.connect(sqlite_db.path) as conn:
+        for migration in sqlite_mod.MIGRATIONS[:5]:
+            for statement in migration:
+                conn.execute(statement)
+        conn.execute("INSERT INTO conversations VALUES ('conv', 'alice', 0, x'7b7d', 3)")
+        conn.executemany("INSERT INTO conversation_items VALUES (?, ?, ?, ?)", conversation_items)
+        conn.executemany("INSERT INTO responses (id, owner, created_at, status, body) VALUES (?, ?, ?, ?, ?)", responses)
+        conn.execute("INSERT INTO responses (id, owner, created_at, status, body) VALUES "
+                     "('x', 'alice', 0, 'completed', '\"conversation\":{\"id\": not json')")
+        conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?)", response_items)
+        conn.execute("PRAGMA user_version = 5")
+    sqlite_db.run(_check_old_conversation_chains)
+
+
+def test_postgres_migration_finds_old_conversation_positions(pg: Postgres) -> None:
+    conversation_items, responses, response_items = _old_conversation_rows()
+    pg.fetch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+    for n in range(3):
+        for statement in postgres_mod.MIGRATIONS[n]:
+            pg.fetch(statement)
+        pg.fetch("INSERT INTO schema_migrations (version) VALUES ($1)", n + 1)
+    pg.fetch("INSERT INTO conversations VALUES ('conv', 'alice', 0, '\\x7b7d', 3)")
+    for row in conversation_items:
+        pg.fetch("INSERT INTO conversation_items VALUES ($1, $2, $3, $4)", *row)
+    for row in responses:
+        pg.fetch("INSERT INTO responses (id, owner, created_at, status, body) VALUES ($1, $2, $3, $4, $5)", *row)
+    pg.fetch("INSERT INTO responses (id, owner, created_at, status, body) VALUES "
+             "('x', 'alice', 0, 'completed', convert_to('\"conversation\":{\"id\": not json', 'UTF8'))")
+    for row in response_items:
+        pg.fetch("INSERT INTO items VALUES ($1, $2, $3, $4, $5)", *row)
+    pg.run(_check_old_conversation_chains)

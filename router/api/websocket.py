@@ -178,11 +178,11 @@ class CachedStore:
             self.base = _frozen(items)
         return items
 
-    async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
-        items = await self._store.load_conversation(conversation_id, owner)  # type: ignore[attr-defined]
-        if items is not None:
-            self.base = _frozen(items)
-        return items
+    async def load_conversation_with_end(self, conversation_id: str, owner: str) -> tuple[list[Item], int] | None:
+        loaded = await self._store.load_conversation_with_end(conversation_id, owner)  # type: ignore[attr-defined]
+        if loaded is not None:
+            self.base = _frozen(loaded[0])
+        return loaded
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         found = self._cache.find_items(item_ids)

@@ -113,6 +113,27 @@ MIGRATIONS: list[list[str]] = [
         # A response created in a conversation: where its own items went there. A chain from it
         # continues the conversation's items before that position, then its own.
         "ALTER TABLE responses ADD COLUMN conversation_id TEXT, ADD COLUMN conversation_position INTEGER",
+        # Responses made in a conversation before: the position their own input took there (a body
+        # that is not JSON, or a response that never reached its conversation, keeps none).
+        """DO $$
+        DECLARE rec record; cid text; pos integer;
+        BEGIN
+            FOR rec IN SELECT id, body FROM responses WHERE position('"conversation":{"id":'::bytea IN body) > 0 LOOP
+                BEGIN
+                    cid := convert_from(rec.body, 'UTF8')::jsonb -> 'conversation' ->> 'id';
+                EXCEPTION WHEN others THEN
+                    cid := NULL;
+                END;
+                IF cid IS NOT NULL THEN
+                    SELECT min(ci.position) INTO pos FROM conversation_items ci
+                    JOIN items i ON i.item_id = ci.item_id AND i.response_id = rec.id AND i.kind = 0
+                    WHERE ci.conversation_id = cid;
+                    IF pos IS NOT NULL THEN
+                        UPDATE responses SET conversation_id = cid, conversation_position = pos WHERE id = rec.id;
+                    END IF;
+                END IF;
+            END LOOP;
+        END $$""",
     ],
 ]
 

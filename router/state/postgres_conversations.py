@@ -45,7 +45,7 @@ FROM unnest($3::text[], $4::bytea[]) WITH ORDINALITY AS t (item_id, body, k)
 """
 
 _LOAD_SQL = """
-SELECT ci.body FROM conversations c LEFT JOIN conversation_items ci ON ci.conversation_id = c.id
+SELECT ci.body, c.next_position FROM conversations c LEFT JOIN conversation_items ci ON ci.conversation_id = c.id
 WHERE c.id = $1 AND c.owner = $2
 ORDER BY ci.position
 """
@@ -147,10 +147,14 @@ class PostgresConversations:
 
     async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
         """Every item, oldest first, in one query; None when unknown."""
+        loaded = await self.load_conversation_with_end(conversation_id, owner)
+        return None if loaded is None else loaded[0]
+
+    async def load_conversation_with_end(self, conversation_id: str, owner: str) -> tuple[list[Item], int] | None:
         rows = await self._pool.fetch(_LOAD_SQL, conversation_id, owner)
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row when the conversation is there
-        return decode_bodies(rows)
+        return decode_bodies(rows), rows[0][1]
 
     async def list_conversation_items(
         self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"

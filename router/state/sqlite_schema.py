@@ -56,6 +56,30 @@ def _move_items(conn: sqlite3.Connection, rid: str, kinds: tuple[list[bytes], li
     conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)", [(i, rid) for i in ids])
 
 
+def _conversation_positions(conn: sqlite3.Connection) -> None:
+    """Migration 7's data: a response made in a conversation before the columns existed gets the
+    position its own input took there (what it saw, but for items added while it ran). One that
+    never reached its conversation (failed, cancelled) has none to find, and keeps none."""
+    marker = b'"conversation":{"id":'
+    rows = conn.execute("SELECT id, body, input FROM responses WHERE instr(body, ?) > 0", (marker,))
+    found = []
+    for rid, body, inputs in rows:
+        try:
+            conversation = orjson.loads(body).get("conversation") or {}
+            ids = [item["id"] for item in orjson.loads(inputs or b"[]") if isinstance(item.get("id"), str)]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            continue  # a body it cannot read: left as it was
+        cid = conversation.get("id") if isinstance(conversation, dict) else None
+        if not isinstance(cid, str) or not ids:
+            continue
+        (position,) = conn.execute(
+            "SELECT min(position) FROM conversation_items WHERE conversation_id = ? "
+            "AND item_id IN (SELECT value FROM json_each(?))", (cid, orjson.dumps(ids).decode())).fetchone()
+        if position is not None:
+            found.append((cid, position, rid))
+    conn.executemany("UPDATE responses SET conversation_id = ?, conversation_position = ? WHERE id = ?", found)
+
+
 # MIGRATIONS[n] takes the schema from user_version n to n + 1. Append only.
 MIGRATIONS: list[list[Step]] = [
     [
@@ -146,5 +170,6 @@ MIGRATIONS: list[list[Step]] = [
         # continues the conversation's items before that position, then its own.
         "ALTER TABLE responses ADD COLUMN conversation_id TEXT",
         "ALTER TABLE responses ADD COLUMN conversation_position INTEGER",
+        _conversation_positions,
     ],
 ]

@@ -56,8 +56,9 @@ class StoredResponse:
     # Every response put as queued/in_progress needs a lease: ``fail_abandoned`` fails one without.
     lease_holder: str | None = None
     lease_until: float | None = None
-    # Created in a conversation: it, and the position its own items took there. Its history is the
-    # conversation's items before that position, then its own (a chain from it continues them).
+    # Created in a conversation: it, and the conversation's end when the response was made. Its history
+    # is the conversation's items before that position (what it saw), then its own (a chain from it
+    # continues them).
     conversation_id: str | None = None
     conversation_position: int | None = None
     # Put before by this run (a background response writing its progress): only ever update it, and
@@ -183,6 +184,10 @@ class ConversationStore(Protocol):
 
     async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
         """Every item, oldest first, in ONE query; None when unknown."""
+
+    async def load_conversation_with_end(self, conversation_id: str, owner: str) -> tuple[list[Item], int] | None:
+        """``load_conversation`` and, from the same snapshot, the position the next appended item
+        will take: a response made now saw the items before it (``StoredResponse.conversation_position``)."""
 
     async def list_conversation_items(
         self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"

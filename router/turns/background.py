@@ -174,6 +174,8 @@ class BackgroundRuns:
             if body is None:
                 return
             if body.get("status") in FINISHED:
+                if finished_at is None and after >= 0 and await self._ended_at(rid, owner, after):
+                    return  # the client has seen the end already (or asked for more than there is)
                 # Stored before its terminal events are logged: give them a moment, then end with
                 # one made from the stored response (a replica that died never logs it).
                 finished_at = finished_at or time.monotonic()
@@ -181,6 +183,12 @@ class BackgroundRuns:
                     yield [_terminal(body, after + 1)]
                     return
             await self._wait(rid)
+
+    async def _ended_at(self, rid: str, owner: str, after: int) -> bool:
+        """Whether a finished response's log has nothing for a client that has seen event ``after``:
+        that event is the terminal one, or the log ends before it."""
+        at = await self.store.read_events(rid, owner, after=after - 1, limit=1)
+        return not at or at[0]["type"] in TERMINAL
 
     async def _wait(self, rid: str) -> None:
         wake = self._wake.get(rid)

@@ -34,13 +34,15 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         raise InvalidRequest("background responses must be stored: store cannot be false", param="store")
     tools = build_toolset(req.tools, req.tool_choice, router_tools.runnable if router_tools else frozenset())
     conversation_id = _conversation_id(req)
+    seen_until = None  # the conversation's end as this response sees it
     if conversation_id is not None:
         if req.previous_response_id is not None:
             raise InvalidRequest("Use either conversation or previous_response_id, not both.", param="conversation")
-        history = await store.load_conversation(conversation_id, owner)  # type: ignore[attr-defined]
-        if history is None:
+        loaded = await store.load_conversation_with_end(conversation_id, owner)  # type: ignore[attr-defined]
+        if loaded is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                            code="conversation_not_found")
+        history, seen_until = loaded
     else:
         history = await load_history(store, req.previous_response_id, owner)
     input_items = normalize_input(req.input)
@@ -63,6 +65,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     return ResponseRun(
         req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
+        conversation_position=seen_until,
         router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
         seal=_reasoning_sealer(req, sealer, owner), sealer=sealer,
     )

@@ -71,6 +71,7 @@ class ResponseRun:
     response: dict[str, Any]
     ttl_s: int | None = None  # stored responses expire this long after creation
     conversation_id: str | None = None  # the turn's input and output are appended to it
+    conversation_position: int | None = None  # its end when the turn loaded it: the turn saw what is before
     router_tools: RouterTools | None = None
     prelude: Prelude | None = None  # MCP listings and approved calls, run before the first turn
     routing: Routing | None = None  # the arm, and the worker preference for affinity pools
@@ -356,9 +357,8 @@ class ResponseRun:
             if status == "failed":
                 self._timer.error(self._assembler.error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
-        position = None  # where this turn's items went in its conversation
         if self.conversation_id is not None and status in ("completed", "incomplete"):
-            position = await self.store.add_conversation_items(  # type: ignore[attr-defined]
+            await self.store.add_conversation_items(  # type: ignore[attr-defined]
                 self.conversation_id, self.owner, self.input_items + response["output"]
             )
         if not self.req.store:
@@ -377,8 +377,8 @@ class ResponseRun:
                 lease_holder=self.lease_holder if running else None,
                 lease_until=time.time() + self.lease_s if running else None,
                 existing=self._persisted,
-                conversation_id=self.conversation_id if position is not None else None,
-                conversation_position=position,
+                conversation_id=self.conversation_id,
+                conversation_position=self.conversation_position,
             )
         )
         self._persisted = True
