@@ -175,6 +175,10 @@ def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
 
 def test_models_and_health(client: openai.OpenAI, router) -> None:
     assert [m.id for m in client.models.list()] == [MODEL, THINK_MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
     import urllib.request
 
     with urllib.request.urlopen(router.base_url + "/health") as resp:

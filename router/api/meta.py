@@ -1,4 +1,4 @@
-"""``GET /v1/models`` and ``GET /health``."""
+"""``GET /v1/models`` (and one model), ``GET /health`` and ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from backends.pools import Pool
 from router.api.auth import Authenticator
 from router.api.http import json_response
 from router.metrics import CONTENT_TYPE
-from router.protocol.errors import Unauthorized
+from router.protocol.errors import NotFound, Unauthorized
 
 
 class MetaAPI:
@@ -26,7 +26,9 @@ class MetaAPI:
         self.auth = auth
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/models", self.list_models, methods=["GET"]), Route("/health", self.health, methods=["GET"]),
+        return [Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.prometheus, methods=["GET"])]
 
     def _is_admin(self, request: Request) -> bool:
@@ -44,8 +46,14 @@ class MetaAPI:
 
     async def list_models(self, request: Request) -> Response:
         self.auth.owner(request)
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "responses-router"} for name in self.models]
-        return json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": [_model(name) for name in self.models]})
+
+    async def retrieve_model(self, request: Request) -> Response:
+        self.auth.owner(request)
+        name = request.path_params["model"]  # a path: model names often hold a slash (org/model)
+        if name not in self.models:
+            raise NotFound(f"The model '{name}' does not exist.", param="model", code="model_not_found")
+        return json_response(_model(name))
 
     async def health(self, request: Request) -> Response:
         """200 while every pool can serve; 503 when some pool has no available worker (healthy, and
@@ -59,3 +67,7 @@ class MetaAPI:
         status = "down" if not serving else ("degraded" if degraded else "ok")
         body: dict[str, Any] = {"status": status, "pools": pools} if self._is_admin(request) else {"status": status}
         return json_response(body, 200 if serving else 503)
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "responses-router"}
