@@ -200,6 +200,15 @@ def test_input_tokens_of_a_chain(client: openai.OpenAI, model: str) -> None:
     second = client.responses.create(model=model, previous_response_id=first.id, input="which number?",
                                      max_output_tokens=16)
     assert counted.input_tokens == second.usage.input_tokens
+    # model is optional (as the SDK types it) when continuing: the previous response's, then.
+    assert client.responses.input_tokens.count(previous_response_id=first.id, input="which number?").input_tokens \
+        == counted.input_tokens
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.input_tokens.count(previous_response_id="resp_missing", input="x")
+    assert err.value.body["code"] == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.input_tokens.count(input="x")
+    assert err.value.body["param"] == "model"
 
 
 def test_input_tokens_count_the_summary(client: openai.OpenAI, compacted: Any) -> None:

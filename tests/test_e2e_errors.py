@@ -86,6 +86,10 @@ def stored_statuses(router: RouterProcess) -> dict[str, str]:
         (b'{"model": "sim-chat", "input": 5}', "input", "invalid_value"),
         (b'{"model": "sim-chat", "input": "hi", "max_output_tokens": 0}', "max_output_tokens", "invalid_value"),
         (b'{"model": "sim-chat", "input": "hi", "surprise": 1}', "surprise", "unknown_parameter"),
+        # The SDK's parameters for OpenAI's own services: refused by name, not as unknown.
+        (b'{"model": "sim-chat", "input": "hi", "moderation": {"input": true}}', "moderation", "unsupported_parameter"),
+        (b'{"model": "sim-chat", "input": "hi", "access_programs": {}}', "access_programs", "unsupported_parameter"),
+        (b'{"model": "sim-chat", "input": "hi", "image": {"detail": "low"}}', "image", "unsupported_parameter"),
         (b'{"model": "sim-chat", "input": "hi", "metadata": {"k": 3}}', "metadata.k", "invalid_value"),
         (b'{"model": "sim-chat", "input": [{"role": "wizard", "content": "x"}]}', "input[0].role", None),
         (b'{"model": "sim-chat", "input": [{"role": "user", "content": 7}]}', "input[0].content", None),

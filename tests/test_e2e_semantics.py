@@ -313,3 +313,11 @@ def test_encrypted_reasoning_round_trip(client: openai.OpenAI) -> None:
             {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": tampered},
             {"role": "user", "content": "x"}])
     assert err.value.body["code"] == "invalid_encrypted_content" and err.value.body["param"] == "input[0].encrypted_content"
+
+
+def test_openai_scheduling_hints_are_taken_and_left_alone(client: openai.OpenAI) -> None:
+    """prompt_cache_options and background_options tune OpenAI's own cache and batch windows: taken (the
+    SDK sends them as typed), with nothing to do here; the response is as without them."""
+    response = client.responses.create(model=MODEL, input="hi", prompt_cache_options={"mode": "explicit"},
+                                       background_options={"completion_window": "2h"})
+    assert response.status == "completed" and response.output_text

@@ -21,6 +21,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +30,7 @@ from starlette.routing import Route
 from router.api.auth import Authenticator
 from router.api.http import json_response, parse_model, read_body
 from router.protocol.ids import new_id
+from router.protocol.errors import NotFound
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
@@ -108,9 +110,28 @@ class CompactionAPI:
 
     # -- input_tokens --------------------------------------------------------------------
 
+    async def _with_model(self, body: bytes, owner: str) -> bytes:
+        """A count may leave out ``model`` when it continues a response (the SDK types it optional):
+        the previous response's model, then. Anything else goes to validation as it is."""
+        try:
+            fields = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if not isinstance(fields, dict) or fields.get("model") is not None:
+            return body
+        previous = fields.get("previous_response_id")
+        if not isinstance(previous, str):
+            return body  # parse_model says what is missing
+        stored = await self.store.get_response(previous, owner)
+        if stored is None:
+            raise NotFound(f"Previous response with id '{previous}' not found.", param="previous_response_id",
+                           code="previous_response_not_found")
+        return orjson.dumps({**fields, "model": stored.get("model")})
+
     async def input_tokens(self, request: Request) -> Response:
         owner = self.auth.owner(request)
-        req = parse_model(CreateResponse, await read_body(request, self.max_body_bytes))
+        body = await self._with_model(await read_body(request, self.max_body_bytes), owner)
+        req = parse_model(CreateResponse, body)
         req = req.model_copy(update={"stream": False, "background": False, "store": False})
         run, items = await self._prepare(req, owner)
         count = await count_tokens(run.route, req, run.tools, items)

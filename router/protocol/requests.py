@@ -75,6 +75,15 @@ class CreateResponse(BaseModel):
     context_management: Any = None
     client_metadata: dict[str, Any] | None = None
     verbosity: str | None = None
+    # Hints for OpenAI's own scheduling, taken and left alone: engines cache prefixes by themselves,
+    # and a background response here runs at once, inside any completion window asked for.
+    prompt_cache_options: dict[str, Any] | None = None
+    background_options: dict[str, Any] | None = None
+    # OpenAI's services, which nothing here provides: a 400 when set (see UNSUPPORTED).
+    moderation: Any = None
+    access_programs: Any = None
+    image: Any = None
+    personality: Any = None  # input_tokens only, in the SDK; a model-owned style preset
 
 
 
@@ -112,7 +121,12 @@ VERBOSITIES = (None, "low", "medium", "high")
 SERVICE_TIERS = (None, "auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 # Fields holding free-form JSON: pydantic reads any integer into them, orjson writes 64 bits at most.
 _FREE_FORM = frozenset({"input", "tools", "tool_choice", "text", "reasoning", "conversation", "stream_options", "prompt",
-                        "context_management", "client_metadata"})
+                        "context_management", "client_metadata", "prompt_cache_options", "background_options"})
+# Parameters of the SDK's for services of OpenAI's own: refused by name rather than ignored, since
+# a client setting one expects it to act.
+UNSUPPORTED = {"moderation": "moderation", "access_programs": "access programs", "image": "request-level image options",
+               "personality": "a model style preset (personality)"}
+_UNSUPPORTED = frozenset(UNSUPPORTED)
 _DEFAULTS = {"store": True, "stream": False, "background": False, "parallel_tool_calls": True}
 _FLAGS = frozenset(_DEFAULTS)
 
@@ -169,6 +183,9 @@ def check_supported(req: CreateResponse) -> None:
     compact_threshold(req)
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
+    for name in _UNSUPPORTED & sent:
+        if getattr(req, name) is not None:
+            raise InvalidRequest(f"{UNSUPPORTED[name]} is not available here", param=name, code="unsupported_parameter")
     for i, value in enumerate(req.include or ()):
         if value not in KNOWN_INCLUDES:
             raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")
