@@ -89,12 +89,13 @@ def compacted(client: openai.OpenAI) -> Any:
 # -- compact ------------------------------------------------------------------------------
 
 
-def test_compact_returns_the_last_user_message_and_a_sealed_summary(client: openai.OpenAI, compacted: Any) -> None:
+def test_compact_returns_the_user_messages_and_a_sealed_summary(client: openai.OpenAI, compacted: Any) -> None:
+    """As OpenAI's CompactedResponse.output: every user message, then one compaction item."""
     assert compacted.object == "response.compaction" and compacted.id.startswith("cmp_")
     assert isinstance(compacted.created_at, int)
-    kept, item = compacted.output
-    assert kept.type == "message" and kept.role == "user"
-    assert kept.content[0].text == "what is my name?"
+    *kept, item = compacted.output
+    assert all(k.type == "message" and k.role == "user" for k in kept)
+    assert [k.content[0].text for k in kept] == ["my name is Ada and I like rain [sim:tokens=4]", "what is my name?"]
     assert item.type == "compaction" and item.id.startswith("cmpi_")
     assert "Ada" not in item.encrypted_content and len(item.encrypted_content) > 40
     usage = compacted.usage
@@ -121,8 +122,9 @@ def test_compacted_output_continues_the_conversation(client: openai.OpenAI, comp
     assert system.startswith(SUMMARY_PREFIX)  # the compacted conversation's instructions are not carried over
     summary = system.removeprefix(SUMMARY_PREFIX)
     assert summary.strip()
-    assert [m["content"] for m in messages[1:]] == ["what is my name?", "so? [sim:echo]"]
-    assert compacted.output[1].encrypted_content not in follow.output_text
+    assert [m["content"] for m in messages[1:]] == ["my name is Ada and I like rain [sim:tokens=4]", "what is my name?",
+                                                    "so? [sim:echo]"]
+    assert compacted.output[-1].encrypted_content not in follow.output_text
     # stored as sent, and opened again when the chain goes on
     again = client.responses.create(model=CHAT, previous_response_id=follow.id, input="more [sim:echo]")
     assert SUMMARY_PREFIX + summary in json.loads(again.output_text)[0]["content"]
@@ -130,9 +132,9 @@ def test_compacted_output_continues_the_conversation(client: openai.OpenAI, comp
 
 def test_compaction_of_a_compacted_conversation(client: openai.OpenAI, compacted: Any) -> None:
     twice = client.responses.compact(model=CHAT, input=[*as_input(compacted.output), {"role": "user", "content": "next"}])
-    kept, item = twice.output
-    assert kept.content[0].text == "next" and item.type == "compaction"
-    assert item.encrypted_content != compacted.output[1].encrypted_content
+    *kept, item = twice.output
+    assert [k.content[0].text for k in kept][-1] == "next" and item.type == "compaction"
+    assert item.encrypted_content != compacted.output[-1].encrypted_content
 
 
 def tampered(blob: str) -> str:
@@ -145,17 +147,18 @@ def tampered(blob: str) -> str:
                                   "/v1/responses"])
 def test_tampered_compaction_is_a_400(http: httpx.Client, compacted: Any, path: str) -> None:
     items = as_input(compacted.output)
-    items[1]["encrypted_content"] = tampered(items[1]["encrypted_content"])
+    items[-1]["encrypted_content"] = tampered(items[-1]["encrypted_content"])
     resp = http.post(path, json={"model": CHAT, "input": [{"role": "user", "content": "hi"}, *items]})
-    error = assert_error(resp, 400, param="input[2].encrypted_content", code="invalid_encrypted_content")
-    assert "input[2]" in error["message"]
+    where = f"input[{len(items)}]"  # the compaction, after "hi" and the kept user messages
+    error = assert_error(resp, 400, param=f"{where}.encrypted_content", code="invalid_encrypted_content")
+    assert where in error["message"]
 
 
 @pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses"])
 def test_another_owners_compaction_is_a_400(router: RouterProcess, compacted: Any, path: str) -> None:
     with httpx.Client(base_url=router.base_url, timeout=30, headers={"authorization": f"Bearer {KEY_BOB}"}) as bob:
         resp = bob.post(path, json={"model": CHAT, "input": as_input(compacted.output)})
-    assert_error(resp, 400, param="input[1].encrypted_content", code="invalid_encrypted_content")
+    assert_error(resp, 400, param=f"input[{len(compacted.output) - 1}].encrypted_content", code="invalid_encrypted_content")
 
 
 @pytest.mark.parametrize("path", ["/v1/responses/compact", "/v1/responses/input_tokens"])
@@ -234,7 +237,7 @@ def test_rotated_keys_open_old_blobs(tmp_path: Path, harmony_vocab: Path, compac
     try:
         with httpx.Client(base_url=retired.base_url, timeout=30, headers={"authorization": f"Bearer {KEY_ALICE}"}) as h:
             resp = h.post("/v1/responses/input_tokens", json={"model": CHAT, "input": as_input(fresh.output)})
-        assert_error(resp, 400, param="input[1].encrypted_content")
+        assert_error(resp, 400, param=f"input[{len(fresh.output) - 1}].encrypted_content")
     finally:
         assert retired.stop() == 0, retired.log()
 

@@ -2,7 +2,7 @@
 
 Compaction: the model's pool summarizes the conversation (history and input,
 as ``prepare`` builds it for a create) in one non-streamed call, and the
-client gets back the most recent user message verbatim and a ``compaction``
+client gets back its user messages verbatim and a ``compaction``
 item whose ``encrypted_content`` is the summary sealed by the router
 (purpose ``compaction``, with the model and the owner inside). Sent back as
 input, the item is opened by ``expand_compactions`` (router/protocol/sealing.py)
@@ -97,8 +97,8 @@ class CompactionAPI:
         cid = new_id("cmp")
         summary, usage = await self._summarize(run, req, items, cid)
         created_at = int(time.time())
-        last_user = next((i for i in reversed(items) if i["type"] == "message" and i["role"] == "user"), None)
-        output = [last_user] if last_user is not None else []
+        # As OpenAI's CompactedResponse has it: every user message, verbatim, then one compaction item.
+        output = [i for i in items if i["type"] == "message" and i["role"] == "user"]
         output.append(seal_compaction(self.sealer, owner, req.model, summary))
         return json_response({"id": cid, "object": "response.compaction", "created_at": created_at, "output": output,
                               "usage": usage})
