@@ -315,6 +315,23 @@ def test_encrypted_reasoning_round_trip(client: openai.OpenAI) -> None:
     assert err.value.body["code"] == "invalid_encrypted_content" and err.value.body["param"] == "input[0].encrypted_content"
 
 
+def test_retrieve_with_include_seals_the_stored_reasoning(client: openai.OpenAI) -> None:
+    """include on a retrieve, as on a create: the encrypted_content the create would have given."""
+    stored = client.responses.create(model=THINK_MODEL, input="think [sim:think=4] [sim:tokens=2]")
+    assert stored.output[0].type == "reasoning" and not stored.output[0].encrypted_content
+    plain = client.responses.retrieve(stored.id)
+    assert not plain.output[0].encrypted_content
+    sealed = client.responses.retrieve(stored.id, include=["reasoning.encrypted_content"]).output[0]
+    assert sealed.encrypted_content and sealed.content[0].text not in sealed.encrypted_content
+    back = client.responses.create(model=THINK_MODEL, store=False, input=[
+        {"type": "reasoning", "id": sealed.id, "summary": [], "encrypted_content": sealed.encrypted_content},
+        stored.output[1].model_dump(exclude_none=True), {"role": "user", "content": "[sim:echo]"}])
+    assert json.loads(back.output_text)[0]["reasoning_content"] == sealed.content[0].text  # it opens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.retrieve(stored.id, include=["everything"])  # type: ignore[list-item]
+    assert err.value.body["code"] == "invalid_value" and err.value.body["param"] == "include[0]"
+
+
 def test_openai_scheduling_hints_are_taken_and_left_alone(client: openai.OpenAI) -> None:
     """prompt_cache_options and background_options tune OpenAI's own cache and batch windows: taken (the
     SDK sends them as typed), with nothing to do here; the response is as without them."""

@@ -14,7 +14,8 @@ from router.api.http import (Body, Headers, decode_request, int_param, json_resp
                              parse_model, read_raw)
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import KNOWN_INCLUDES, CreateResponse
+from router.protocol.sealing import seal_reasoning
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
@@ -78,7 +79,7 @@ class ResponsesAPI:
         body = await self._get(rid, owner)
         query = request.query_params
         if query.get("stream") not in ("true", "1"):
-            return json_response(body)
+            return json_response(self._included(body, query.getlist("include[]") + query.getlist("include"), owner))
         if not body.get("background"):
             raise InvalidRequest("Only responses created with background set to true can be streamed again.",
                                  param="stream", code="stream_not_available")
@@ -113,6 +114,19 @@ class ResponsesAPI:
         if page is None:
             raise _not_found(rid)
         return json_response(list_page(page))
+
+    def _included(self, body: dict[str, Any], include: list[str], owner: str) -> dict[str, Any]:
+        """``include`` on a retrieve, as on a create: reasoning items get the encrypted_content a
+        create with it would have given them (the reasoning is stored; it is sealed now)."""
+        for i, value in enumerate(include):
+            if value not in KNOWN_INCLUDES:
+                raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")
+        if "reasoning.encrypted_content" in include and self.sealer is not None:
+            for item in body.get("output") or ():
+                if item.get("type") == "reasoning" and not item.get("encrypted_content"):
+                    text = "".join(part.get("text", "") for part in item.get("content") or ())
+                    item["encrypted_content"] = seal_reasoning(self.sealer, owner, text)
+        return body
 
     async def _get(self, rid: str, owner: str) -> dict[str, Any]:
         body = await self.store.get_response(rid, owner)
