@@ -145,13 +145,19 @@ def test_sqlite_router_killed_and_restarted(tmp_path: Path) -> None:
     kept = client.responses.create(model=MODEL, input="kept")
     running = client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", background=True)
     wait_for(client, running.id, {"in_progress"})
+    time.sleep(1.0)  # a few dozen words produced and logged
     os.kill(router.proc.pid, signal.SIGKILL)
     router.proc.wait()
     restarted = start_router(tmp_path, body)  # the same config, store file and port range
     try:
         client = sdk(restarted)
-        assert client.responses.retrieve(running.id).status == "failed"
-        assert client.responses.retrieve(running.id).error.code == "server_error"
+        failed = client.responses.retrieve(running.id)
+        assert failed.status == "failed" and failed.error.code == "server_error"
+        # It keeps what its log says it had produced, as its replay shows it.
+        replayed = [e.model_dump() for e in client.responses.retrieve(running.id, stream=True)]
+        logged = "".join(e["delta"] for e in replayed if e["type"] == "response.output_text.delta")
+        assert logged and failed.output_text == logged and failed.output[0].status == "incomplete"
+        assert replayed[-1]["type"] == "response.failed" and replayed[-1]["response"]["output"][0]["status"] == "incomplete"
         assert client.responses.retrieve(kept.id).output_text
         assert client.responses.create(model=MODEL, input="go on", previous_response_id=kept.id).status == "completed"
     finally:

@@ -18,6 +18,7 @@ import pytest
 import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
 from router.state import postgres_background, sqlite_background
+from router.protocol.replay import output_of
 from router.state.store import Conversation, ResponseDeleted, ResponseInProgress
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
@@ -390,3 +391,34 @@ def test_postgres_upgrades_a_v1_database(pg: Postgres) -> None:
     pg.run(body)
     versions = [v for (v,) in pg.fetch("SELECT version FROM schema_migrations ORDER BY version")]
     assert versions == list(range(1, len(postgres_mod.MIGRATIONS) + 1))
+
+
+def test_fail_abandoned_keeps_what_the_event_log_says_was_produced(backend: Backend) -> None:
+    """A run that died after logging part of its answer: the failed response holds that part (its
+    message incomplete), as the log replays it, not the empty output it was put with."""
+    message = {"type": "message", "id": "msg_a", "status": "in_progress", "role": "assistant", "content": []}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    log = [
+        {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": message},
+        {"type": "response.content_part.added", "sequence_number": 3, "output_index": 0, "content_index": 0,
+         "item_id": "msg_a", "part": part},
+        *({"type": "response.output_text.delta", "sequence_number": 4 + k, "output_index": 0, "content_index": 0,
+           "item_id": "msg_a", "delta": word, "logprobs": []} for k, word in enumerate(["half", " an", " answer"])),
+    ]
+
+    async def body(s: Any) -> None:
+        for rid in ("died", "silent"):
+            await s.put_response(resp(rid, status="in_progress", inputs=[msg(f"{rid}-in")], outputs=[],
+                                      lease_holder="h", lease_until=NOW - 1))
+        await s.append_events("died", log)
+        assert sorted(await s.fail_abandoned(NOW, ERROR, output_of)) == ["died", "silent"]
+        died = await s.get_response("died", "alice") or {}
+        assert died["status"] == "failed" and died["error"] == ERROR
+        assert died["output"] == [{**message, "status": "incomplete",
+                                   "content": [{**part, "text": "half an answer"}]}]
+        assert await ids(s, "died") == ["died-in", "msg_a"]
+        assert await s.get_items(["msg_a"], "alice") == {"msg_a": died["output"][0]}
+        assert (await s.get_response("silent", "alice") or {})["output"] == []  # nothing logged: as it was
+
+    backend.run(body)
+    assert backend.raw_items("died") == [(0, 0, "died-in"), (1, 0, "msg_a")]

@@ -47,11 +47,13 @@ def encode_events(events: list[dict[str, Any]]) -> list[tuple[int, bytes]]:
     return rows
 
 
-def failed_body(body: bytes, error: dict[str, Any]) -> bytes:
-    """A stored Response body, marked failed with ``error``."""
+def failed_body(body: bytes, error: dict[str, Any], output: list[Any] | None = None) -> bytes:
+    """A stored Response body, marked failed with ``error`` (and given ``output``, when not None)."""
     response = orjson.loads(body)
     response["status"] = "failed"
     response["error"] = error
+    if output is not None:
+        response["output"] = output
     return orjson.dumps(response)
 
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import orjson
 
-from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body
+from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body, item_id
+from router.state.store import Settle
 
 # Abandoned responses failed per transaction.
 FAIL_BATCH = 500
@@ -110,10 +111,11 @@ class PostgresBackground:
         going_on = {rid for (rid,) in await self._pool.fetch(_GOING_ON_SQL, list(response_ids))}
         return set(response_ids) - going_on  # flagged, or no longer there
 
-    async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
+    async def fail_abandoned(self, now: float, error: dict[str, Any], settle: Settle | None = None) -> list[str]:
         """Mark failed, FAIL_BATCH per transaction (rows locked FOR UPDATE SKIP LOCKED, body read,
         modified and written back), the unfinished responses whose lease ended before ``now`` or
-        that have none. Their lease is cleared (nobody runs them any more)."""
+        that have none. Their lease is cleared (nobody runs them any more); with ``settle``, their
+        output (body and item rows) is what their event log says they had produced."""
         orjson.dumps(error)  # an unserializable error fails here, before any write
         failed: list[str] = []
         while True:
@@ -121,7 +123,26 @@ class PostgresBackground:
                 rows = await conn.fetch(_ABANDONED_SQL, float(now), FAIL_BATCH)
                 if rows:
                     ids = [row["id"] for row in rows]
-                    await conn.execute(_FAIL_SQL, ids, [failed_body(row["body"], error) for row in rows])
+                    bodies = [failed_body(row["body"], error, await _settled(conn, row["id"], settle)) for row in rows]
+                    await conn.execute(_FAIL_SQL, ids, bodies)
                     failed += ids
             if len(rows) < FAIL_BATCH:
                 return failed
+
+
+async def _settled(conn: asyncpg.Connection, rid: str, settle: Settle | None) -> list[Any] | None:
+    """``settle`` of the response's logged events, its output item rows replaced to match; None
+    without events (or without ``settle``): the output stays as stored."""
+    if settle is None:
+        return None
+    rows = await conn.fetch("SELECT body FROM response_events WHERE response_id = $1 ORDER BY sequence_number", rid)
+    if not rows:
+        return None
+    output = settle(decode_bodies(rows))
+    await conn.execute("DELETE FROM items WHERE response_id = $1 AND kind = 1", rid)
+    if output:
+        await conn.execute(
+            "INSERT INTO items (response_id, kind, position, item_id, body) "
+            "SELECT $1, 1, t.position, t.item_id, t.body FROM unnest($2::integer[], $3::text[], $4::bytea[]) AS t (position, item_id, body)",
+            rid, list(range(len(output))), [item_id(item) for item in output], [orjson.dumps(item) for item in output])
+    return output

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body
+from router.state.sqlite_puts import forget_items, item_ids
+from router.state.store import Settle
 
 T = TypeVar("T")
 
@@ -33,7 +35,7 @@ ORDER BY e.sequence_number LIMIT :limit
 """
 
 _ABANDONED_SQL = f"""
-SELECT id, body FROM responses
+SELECT id, body, input, output FROM responses
 WHERE status IN {UNFINISHED!r} AND (lease_until IS NULL OR lease_until < ?)
 LIMIT ?
 """
@@ -108,25 +110,41 @@ class SQLiteBackground:
         rows = await self._run(lambda conn: conn.execute(sql, params).fetchall())
         return set(response_ids) - {rid for (rid,) in rows}  # flagged, or no longer there
 
-    async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
+    async def fail_abandoned(self, now: float, error: dict[str, Any], settle: Settle | None = None) -> list[str]:
         """Mark failed, FAIL_BATCH per write transaction (read, modify, write the body under the
         write lock), the unfinished responses whose lease ended before ``now`` or that have none.
-        Their lease is cleared (nobody runs them any more)."""
+        Their lease is cleared (nobody runs them any more); with ``settle``, their output is what
+        their event log says they had produced."""
         orjson.dumps(error)  # an unserializable error fails here, before any write
         failed: list[str] = []
         while True:
-            batch = await self._run(self._fail_sync, now, error, FAIL_BATCH)
+            batch = await self._run(self._fail_sync, now, error, FAIL_BATCH, settle)
             failed += batch
             if len(batch) < FAIL_BATCH:
                 return failed
 
-    def _fail_sync(self, conn: sqlite3.Connection, now: float, error: dict[str, Any], batch: int) -> list[str]:
+    def _fail_sync(self, conn: sqlite3.Connection, now: float, error: dict[str, Any], batch: int,
+                   settle: Settle | None) -> list[str]:
         def statements() -> list[str]:
             rows = conn.execute(_ABANDONED_SQL, (now, batch)).fetchall()
-            conn.executemany(
-                "UPDATE responses SET status = 'failed', body = ?, lease_holder = NULL, lease_until = NULL WHERE id = ?",
-                [(failed_body(body, error), rid) for rid, body in rows],
-            )
-            return [rid for rid, _ in rows]
+            for rid, body, inputs, output in rows:
+                settled = _settled(conn, rid, settle)
+                if settled is not None:  # the output column holds it (the body keeps a null)
+                    forget_items(conn, [(rid, inputs, output)])
+                    output = orjson.dumps(settled)
+                    conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)",
+                                     [(iid, rid) for iid in item_ids(orjson.loads(inputs or b"[]"), settled)])
+                conn.execute("UPDATE responses SET status = 'failed', body = ?, output = ?, lease_holder = NULL, "
+                             "lease_until = NULL WHERE id = ?", (failed_body(body, error), output, rid))
+            return [rid for rid, *_ in rows]
 
         return self._write(conn, statements)
+
+
+def _settled(conn: sqlite3.Connection, rid: str, settle: Settle | None) -> list[Any] | None:
+    """``settle`` of the response's logged events; None without events (or without ``settle``)."""
+    if settle is None:
+        return None
+    events = [orjson.loads(body) for (body,) in conn.execute(
+        "SELECT body FROM response_events WHERE response_id = ? ORDER BY sequence_number", (rid,))]
+    return settle(events) if events else None

@@ -30,11 +30,16 @@ Rules every implementation follows (the contract tests in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Item = dict[str, Any]
 Order = Literal["asc", "desc"]
+
+
+# A response's logged events -> the output items to keep (see BackgroundStore.fail_abandoned).
+Settle = Callable[[list[dict[str, Any]]], list[Item]]
 
 
 @dataclass(slots=True)
@@ -233,8 +238,10 @@ class BackgroundStore(Protocol):
         """Which of these responses must stop: they have a cancel request, or they are no longer
         stored (deleted while they ran). Any owner: asked by the running replica."""
 
-    async def fail_abandoned(self, now: float, error: dict[str, Any]) -> list[str]:
+    async def fail_abandoned(self, now: float, error: dict[str, Any], settle: Settle | None = None) -> list[str]:
         """Responses still ``queued``/``in_progress`` whose lease ended before ``now`` (or that have
         no lease) become ``failed``: status and body (``status``, ``error``) updated atomically, and
-        their lease cleared. Returns their ids. Safe to run on every replica at once: each response
-        is failed (and returned) by one of them only."""
+        their lease cleared. With ``settle``, one that has logged events gets the output
+        ``settle(events)`` gives (what its run had produced; router/protocol/replay.py). Returns
+        their ids. Safe to run on every replica at once: each response is failed (and returned) by
+        one of them only."""

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from router.protocol.errors import APIError, InvalidRequest, NotFound
+from router.protocol.replay import output_of
 from router.protocol.shapes import response_error
 from router.state.store import BackgroundStore, ResponseDeleted
 from router.turns.runner import ResponseRun
@@ -53,7 +54,7 @@ class BackgroundRuns:
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED)
+        failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED, output_of)
         if failed:
             log.warning("marked %d abandoned background responses failed", len(failed))
         self._loops = [asyncio.create_task(self._lease_loop(), name="leases"),
@@ -209,7 +210,7 @@ class BackgroundRuns:
             try:
                 if self._runs:
                     await self.store.renew_leases(list(self._runs), self.holder, time.time() + self.lease_s)
-                failed = await self.store.fail_abandoned(time.time(), ABANDONED)
+                failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
                 if failed:
                     log.warning("marked abandoned background responses failed: %s", ", ".join(failed))
             except Exception:  # noqa: BLE001 - keep renewing whatever one round did
