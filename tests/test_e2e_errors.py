@@ -282,6 +282,9 @@ def test_worker_drops_the_stream(client: openai.OpenAI, router: RouterProcess) -
     # The Response's error has a code of OpenAI's closed set; the error event says precisely what broke.
     assert final["status"] == "failed" and final["error"]["code"] == "server_error"
     assert final["error"]["message"] == events[-2]["message"]
+    metrics = httpx.get(router.base_url + "/metrics").text  # the metrics count what broke, precisely
+    assert any(line.startswith("responses_router_errors_total{") and 'kind="upstream_stream_broken"' in line
+               for line in metrics.splitlines())
     stored = client.responses.retrieve(final["id"])
     assert stored.status == "failed"
     assert stored.output[0].status == "incomplete"

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge
+from router.protocol.requests import UNSUPPORTED
 
 try:  # zstd is what Codex CLI compresses its request bodies with
     import zstandard
@@ -238,6 +239,8 @@ def validation_error(exc: ValidationError) -> InvalidRequest:
         return InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     param = _param(err["loc"])
     if kind == "extra_forbidden":
+        if param in UNSUPPORTED:  # the SDK's name for a service of OpenAI's own
+            return InvalidRequest(f"{UNSUPPORTED[param]} is not available here", param=param, code="unsupported_parameter")
         return InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
     if kind == "missing":
         return InvalidRequest(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")

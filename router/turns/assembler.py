@@ -46,7 +46,6 @@ class Assembler:
         self._cut = False  # the engine stopped on the token budget
         self._turn_usage: Usage | None = None
         self._usage: list[int] | None = None  # input, output, cached, reasoning: summed over turns
-        self.error_code: str | None = None  # why it failed, as precisely as the router knows
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -177,8 +176,7 @@ class Assembler:
         self._abandon_open()
         response = self.response
         response["status"] = "failed"
-        self.error_code = error.code or error.type  # the precise one, for metrics and the error event
-        response["error"] = response_error(self.error_code, error.message)
+        response["error"] = response_error(error.code or error.type, error.message)
         if self._turn_usage is not None:
             self.close_turn()
         self._set_usage()

@@ -315,7 +315,7 @@ class ResponseRun:
     async def _fail(self, error: APIError) -> list[Event]:
         self._close_stream()
         events = self._assembler.fail(error)
-        await self._persist()
+        await self._persist(error.code or error.type)
         return events
 
     # -- background ----------------------------------------------------------
@@ -347,15 +347,17 @@ class ResponseRun:
     async def _failed(self, error: APIError) -> APIError:
         """Record a response that failed before streaming began; returns the error to raise."""
         self.failure_events = self._assembler.fail(error)
-        await self._persist()
+        await self._persist(error.code or error.type)
         return error
 
-    async def _persist(self) -> None:
+    async def _persist(self, error_code: str | None = None) -> None:
+        """Record the response; ``error_code``: why it failed, as precisely as the router knows (the
+        Response's own code is one of OpenAI's closed set), for the metrics."""
         response = self.response
         status = response["status"]
         if self._timer is not None and status not in ("queued", "in_progress"):
             if status == "failed":
-                self._timer.error(self._assembler.error_code or (response.get("error") or {}).get("code") or "failed")
+                self._timer.error(error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
         if self.conversation_id is not None and status in ("completed", "incomplete"):
             await self.store.add_conversation_items(  # type: ignore[attr-defined]
