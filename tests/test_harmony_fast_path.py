@@ -96,7 +96,9 @@ def play(enc: HarmonyEncoding, reads: list[bytes], fast: bool, engine: str = "vl
     """Every read's events (as sent), then the turn's end and the response, or the error.
 
     The fast way: the stream decodes frames with ``turn.decode``, the runner's ``reader``
-    makes the events. The general way: every frame parsed, ``chunk``'s deltas fed.
+    makes the events. The general way: every frame parsed and read by ``chunk``, one frame
+    after the other as the stream holds them (so with two bad frames in one read, the first
+    one's error is the stream's, as the fast way reports it), the deltas fed.
     """
     req = CreateResponse(model="m", input="hi", tools=TOOLS)
     tools = build_toolset(TOOLS, "auto")
@@ -105,7 +107,13 @@ def play(enc: HarmonyEncoding, reads: list[bytes], fast: bool, engine: str = "vl
         asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
         turn = HarmonyTurn(req, tools, enc, engine=engine, context_length=None, request_id="resp_1", model="m")
         sse = SSEStream(SimpleNamespace(gen=0))  # type: ignore[arg-type]
-        sse._decode = turn.decode if fast else chunk_object
+        def general(payload: bytes) -> Any:
+            frame = chunk_object(payload)
+            if isinstance(frame, dict) and "error" in frame and "choices" not in frame:
+                return frame  # the worker's error frame: the stream reads it
+            return turn.chunk(frame)
+
+        sse._decode = turn.decode if fast else general
         timer = Timer()
         held: list[list[Any]] = []
         on_batch = reader(asm, turn, timer, None, held)
@@ -117,7 +125,7 @@ def play(enc: HarmonyEncoding, reads: list[bytes], fast: bool, engine: str = "vl
                     on_batch(batch)
                 events = held.pop() if held else []
             else:
-                events = asm.feed([d for f in batch for d in turn.chunk(f)])
+                events = asm.feed([d for deltas in batch for d in deltas])
                 if events:
                     timer.token(len(batch))
             return events, None if sse._error is None else sse._error.message
