@@ -33,7 +33,7 @@ import asyncpg
 import orjson
 
 from router.state.common import UNFINISHED, check_page, decode_bodies, item_id
-from router.state.postgres_background import PostgresBackground
+from router.state.postgres_background import INSERT_ITEMS_SQL, PostgresBackground
 from router.state.postgres_conversations import PostgresConversations
 from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse
 
@@ -197,12 +197,6 @@ SELECT ci.item_id, ci.body FROM conversation_items ci JOIN conversations c ON c.
 WHERE ci.item_id = ANY ($1::text[]) AND c.owner = $2
 """
 
-_INSERT_ITEMS_SQL = """
-INSERT INTO items (response_id, kind, position, item_id, body)
-SELECT $1, t.kind, t.position, t.item_id, t.body
-FROM unnest($2::smallint[], $3::integer[], $4::text[], $5::bytea[]) AS t (kind, position, item_id, body)
-"""
-
 # An expired response is deleted too, but reported as not there.
 _DELETE_SQL = f"DELETE FROM responses WHERE id = $1 AND owner = $2 RETURNING {_LIVE}"
 
@@ -334,7 +328,7 @@ class PostgresStore(PostgresConversations, PostgresBackground):
             # A statement of its own: its snapshot sees the items of a put we waited for.
             await conn.execute("DELETE FROM items WHERE response_id = $1", r.id)
             if bodies:
-                await conn.execute(_INSERT_ITEMS_SQL, r.id, kinds, positions, item_ids, bodies)
+                await conn.execute(INSERT_ITEMS_SQL, r.id, kinds, positions, item_ids, bodies)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
         body = await self._pool.fetchval(_GET_SQL, response_id, owner, self._now())

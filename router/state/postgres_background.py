@@ -54,6 +54,14 @@ LIMIT $2
 FOR UPDATE SKIP LOCKED
 """
 
+# A response's item rows, from arrays ($1 the response; kinds, positions, ids, bodies). Here, not in
+# postgres.py, which imports this module: a put and the sweep write them alike.
+INSERT_ITEMS_SQL = """
+INSERT INTO items (response_id, kind, position, item_id, body)
+SELECT $1, t.kind, t.position, t.item_id, t.body
+FROM unnest($2::smallint[], $3::integer[], $4::text[], $5::bytea[]) AS t (kind, position, item_id, body)
+"""
+
 _FAIL_SQL = """
 UPDATE responses r SET status = 'failed', body = t.body, lease_holder = NULL, lease_until = NULL
 FROM unnest($1::text[], $2::bytea[]) AS t (id, body)
@@ -141,8 +149,6 @@ async def _settled(conn: asyncpg.Connection, rid: str, settle: Settle | None) ->
     output = settle(decode_bodies(rows))
     await conn.execute("DELETE FROM items WHERE response_id = $1 AND kind = 1", rid)
     if output:
-        await conn.execute(
-            "INSERT INTO items (response_id, kind, position, item_id, body) "
-            "SELECT $1, 1, t.position, t.item_id, t.body FROM unnest($2::integer[], $3::text[], $4::bytea[]) AS t (position, item_id, body)",
-            rid, list(range(len(output))), [item_id(item) for item in output], [orjson.dumps(item) for item in output])
+        await conn.execute(INSERT_ITEMS_SQL, rid, [1] * len(output), list(range(len(output))),
+                           [item_id(item) for item in output], [orjson.dumps(item) for item in output])
     return output

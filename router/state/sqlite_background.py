@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body
-from router.state.sqlite_puts import forget_items, item_ids
+from router.state.sqlite_puts import forget_items, index_items, item_ids
 from router.state.store import Settle
 
 T = TypeVar("T")
@@ -132,8 +132,7 @@ class SQLiteBackground:
                 if settled is not None:  # the output column holds it (the body keeps a null)
                     forget_items(conn, [(rid, inputs, output)])
                     output = orjson.dumps(settled)
-                    conn.executemany("INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES (?, ?)",
-                                     [(iid, rid) for iid in item_ids(orjson.loads(inputs or b"[]"), settled)])
+                    index_items(conn, rid, item_ids(orjson.loads(inputs or b"[]"), settled))
                 conn.execute("UPDATE responses SET status = 'failed', body = ?, output = ?, lease_holder = NULL, "
                              "lease_until = NULL WHERE id = ?", (failed_body(body, error), output, rid))
             return [rid for rid, *_ in rows]

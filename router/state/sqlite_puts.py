@@ -200,5 +200,10 @@ def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
             # The id exists under another owner: never let one key overwrite another's.
             raise PermissionError(f"response {r.id!r} belongs to another owner")
         forget_items(conn, [(r.id, *old)])
-    for chunk in _row_chunks([v for iid in iids for v in (iid, r.id)], 2):
+    index_items(conn, r.id, iids)
+
+
+def index_items(conn: sqlite3.Connection, rid: str, ids: list[str]) -> None:
+    """Record these item ids as the response's (``item_ids``), in a few multi-row INSERTs."""
+    for chunk in _row_chunks([v for iid in ids for v in (iid, rid)], 2):
         conn.execute(_insert_ids(len(chunk) // 2), chunk)
