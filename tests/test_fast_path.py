@@ -112,7 +112,7 @@ chunk = st.one_of(*[plain_chunk] * 3, *[edge_chunk] * 4, *[any_chunk] * 2, *[rea
 batches = st.lists(st.lists(chunk, min_size=1, max_size=3), min_size=2, max_size=12)
 
 
-ID_MAKERS = ("router.turns.items", "router.turns.assembler", "router.dialects.chat")  # the modules that call new_id
+ID_MAKERS = ("router.protocol.ids", "router.turns.assembler", "router.dialects.chat")  # the modules that call new_id (ItemIds in ids)
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from tests.test_harmony_parse import token_ids
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}, {"type": "function", "name": "x"}]
 
 # The modules that call new_id on a harmony stream (ids from a counter: two runs make the same ones).
-HARMONY_ID_MAKERS = ("router.turns.items", "router.turns.assembler", "router.turns.tool_items", "router.dialects.harmony_parse")
+HARMONY_ID_MAKERS = ("router.protocol.ids", "router.turns.assembler", "router.dialects.harmony_parse")
 
 
 # -- frames as vLLM's /inference/v1/generate sends them (GenerateTokensStreamResponse), and others

@@ -27,6 +27,7 @@ from router.state import make_store
 from router.state.postgres import PostgresStore
 from router.state import sqlite_puts
 from router.state.sqlite import SQLiteStore
+from router.protocol.ids import ItemIds, response_id
 from router.state.store import Item, Store
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp
@@ -307,6 +308,46 @@ def test_property_put_then_history_is_inputs_then_outputs(
         return await s.load_history("r", "alice"), await s.get_response("r", "alice")
 
     assert backend.run(body) == (inputs + outputs, r.body)
+
+
+def test_items_named_after_their_response_are_found_by_id(backend: Backend) -> None:
+    """Items named by their response's ``ItemIds`` (most items: the output, input the client left
+    unnamed) are found by id as any other, by their owner only, while the response lives. On
+    SQLite they have no ``item_ids`` rows: the response's row is found from the id."""
+    first, second = response_id(), response_id()
+    a, b = ItemIds(first), ItemIds(second)
+    asked, answered, never_stored = a("msg"), a("msg"), a("msg")
+    echoed, own = msg(answered, "a", role="assistant"), b("msg")  # the answer, sent back as input by the client
+    r1 = resp(first, inputs=[msg(asked, "q")], outputs=[dict(echoed)])
+    r2 = resp(second, inputs=[echoed, msg("client-named", "c")], outputs=[msg(own, "d", role="assistant")])
+
+    async def body(s: Store) -> None:
+        await s.put_response(r1)
+        await s.put_response(r2)
+        found = await s.get_items([asked, answered, own, never_stored, "client-named"], "alice")
+        assert found == {asked: r1.input_items[0], answered: echoed, own: r2.body["output"][0],
+                         "client-named": r2.input_items[1]}
+        assert await s.get_items([asked, answered, own], "bob") == {}
+        assert await s.delete_response(first, "alice")
+        # The echo is second's own input item, under another response's id: it is indexed, and stays.
+        assert await s.get_items([asked, answered], "alice") == {answered: echoed}
+
+    backend.run(body)
+    if backend.kind == "sqlite":
+        assert backend.query("SELECT item_id, response_id FROM item_ids ORDER BY item_id") == sorted(
+            [(answered, second), ("client-named", second)])
+    backend.raw_items(second)  # and the ids SQLite keeps rows for are exactly the others
+
+
+def test_items_named_after_an_expired_response_are_not_found(backend: Backend) -> None:
+    rid = response_id()
+    named = ItemIds(rid)("msg")
+
+    async def body(s: Store) -> None:
+        await s.put_response(resp(rid, inputs=[msg(named)], expires_at=NOW - 1))
+        assert await s.get_items([named], "alice") == {}
+
+    backend.run(body, clock=lambda: NOW)
 
 
 # ---------------------------------------------------------------- retention

@@ -25,14 +25,17 @@ CALLS = {"function_call": "function call", "custom_tool_call": "custom tool call
 OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
-def normalize_input(value: str | list[Any]) -> list[Item]:
-    """The request's ``input`` as canonical items, each with an ``id``."""
+def normalize_input(value: str | list[Any], make_id: Callable[[str], str] = new_id) -> list[Item]:
+    """The request's ``input`` as canonical items, each with an ``id``: its own, else one from
+    ``make_id`` (given the kind's prefix; a response's ``ItemIds`` in a create)."""
     if isinstance(value, str):
-        return [_message("user", [{"type": "input_text", "text": value}], None)]
-    return [normalize_item(raw, f"input[{i}]") for i, raw in enumerate(value)]
+        item = _message("user", [{"type": "input_text", "text": value}], None)
+        item["id"] = make_id("msg")
+        return [item]
+    return [normalize_item(raw, f"input[{i}]", make_id) for i, raw in enumerate(value)]
 
 
-def normalize_item(raw: Any, where: str) -> Item:
+def normalize_item(raw: Any, where: str, make_id: Callable[[str], str] = new_id) -> Item:
     if not isinstance(raw, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     kind = raw.get("type")
@@ -48,7 +51,10 @@ def normalize_item(raw: Any, where: str) -> Item:
         raise InvalidRequest(
             f"input item type {kind!r} is not supported by this router", param=f"{where}.type", code="unsupported_item_type"
         )
-    return normalizer(raw, where)
+    item = normalizer(raw, where)
+    if item["id"] is None:
+        item["id"] = make_id(_PREFIXES[kind])
+    return item
 
 
 # -- messages ------------------------------------------------------------------
@@ -126,7 +132,7 @@ def _file_part(part: Item, where: str) -> Item:
 def _message(role: str, parts: list[Item], item_id: Any, status: Any = None) -> Item:
     return {
         "type": "message",
-        "id": _id(item_id, "msg"),
+        "id": _id(item_id),
         "role": role,
         "status": status if status in STATUSES else "completed",
         "content": parts,
@@ -139,7 +145,7 @@ def _message(role: str, parts: list[Item], item_id: Any, status: Any = None) -> 
 def _normalize_function_call(raw: Item, where: str) -> Item:
     item: Item = {
         "type": "function_call",
-        "id": _id(raw.get("id"), "fc"),
+        "id": _id(raw.get("id")),
         "call_id": _str(raw, "call_id", where),
         "name": _str(raw, "name", where),
         "arguments": _str(raw, "arguments", where),
@@ -158,7 +164,7 @@ def _normalize_function_call_output(raw: Item, where: str) -> Item:
         raise InvalidRequest(f"{where}.output must be a string or a list of content parts", param=f"{where}.output")
     return {
         "type": raw["type"],
-        "id": _id(raw.get("id"), "fco"),
+        "id": _id(raw.get("id")),
         "call_id": _str(raw, "call_id", where),
         "output": output,
         "status": raw.get("status") if raw.get("status") in STATUSES else "completed",
@@ -179,7 +185,7 @@ def _output_part(part: Any, where: str) -> Item:
 def _normalize_custom_tool_call(raw: Item, where: str) -> Item:
     return {
         "type": "custom_tool_call",
-        "id": _id(raw.get("id"), "ctc"),
+        "id": _id(raw.get("id")),
         "call_id": _str(raw, "call_id", where),
         "name": _str(raw, "name", where),
         "input": _str(raw, "input", where),
@@ -188,7 +194,7 @@ def _normalize_custom_tool_call(raw: Item, where: str) -> Item:
 
 
 def _normalize_reasoning(raw: Item, where: str) -> Item:
-    item: Item = {"type": "reasoning", "id": _id(raw.get("id"), "rs"), "summary": []}
+    item: Item = {"type": "reasoning", "id": _id(raw.get("id")), "summary": []}
     for key, part_type in (("summary", "summary_text"), ("content", "reasoning_text")):
         parts = raw.get(key) or []
         if not isinstance(parts, list):
@@ -205,29 +211,30 @@ def _normalize_reference(raw: Item, where: str) -> Item:
 
 def _normalize_compaction(raw: Item, where: str) -> Item:
     """A compaction item from ``/v1/responses/compact``, replayed as sent (it is opened when the prompt is built)."""
-    return {"type": "compaction", "id": _id(raw.get("id"), "cmpi"), "encrypted_content": _str(raw, "encrypted_content", where)}
+    return {"type": "compaction", "id": _id(raw.get("id")), "encrypted_content": _str(raw, "encrypted_content", where)}
 
 
-def _normalize_tool_item(prefix: str, required: tuple[str, ...]) -> Callable[[Item, str], Item]:
+def _normalize_tool_item(required: tuple[str, ...]) -> Callable[[Item, str], Item]:
     """Router-run tool items replayed by a client: kept as sent, with an id and the fields the loop reads."""
 
     def normalize(raw: Item, where: str) -> Item:
         for key in required:
             _str(raw, key, where)
         item = dict(raw)
-        item["id"] = _id(raw.get("id"), prefix)
+        item["id"] = _id(raw.get("id"))
         return item
 
     return normalize
 
 
+# Each leaves ``id`` None when the client sent none; ``normalize_item`` names the item then.
 _NORMALIZERS: dict[str, Callable[[Item, str], Item]] = {
-    "mcp_list_tools": _normalize_tool_item("mcpl", ("server_label",)),
-    "mcp_call": _normalize_tool_item("mcp", ("server_label", "name", "arguments")),
-    "mcp_approval_request": _normalize_tool_item("mcpr", ("server_label", "name", "arguments")),
-    "mcp_approval_response": _normalize_tool_item("mcpa", ("approval_request_id",)),
-    "web_search_call": _normalize_tool_item("ws", ()),
-    "code_interpreter_call": _normalize_tool_item("ci", ()),
+    "mcp_list_tools": _normalize_tool_item(("server_label",)),
+    "mcp_call": _normalize_tool_item(("server_label", "name", "arguments")),
+    "mcp_approval_request": _normalize_tool_item(("server_label", "name", "arguments")),
+    "mcp_approval_response": _normalize_tool_item(("approval_request_id",)),
+    "web_search_call": _normalize_tool_item(()),
+    "code_interpreter_call": _normalize_tool_item(()),
     "message": _normalize_message,
     "function_call": _normalize_function_call,
     "function_call_output": _normalize_function_call_output,
@@ -249,8 +256,9 @@ def _str(obj: Any, key: str, where: str) -> str:
     return value
 
 
-def _id(value: Any, prefix: str) -> str:
-    return value if isinstance(value, str) and value else new_id(prefix)
+def _id(value: Any) -> str | None:
+    """The client's id for an item, when it sent a usable one."""
+    return value if isinstance(value, str) and value else None
 
 
 def message_text(item: Item) -> str:
@@ -263,3 +271,12 @@ def message_text(item: Item) -> str:
         if isinstance(text, str):
             out.append(text)
     return "".join(out)
+
+
+# The id prefix of each kind's items (OpenAI's own, where it has one).
+_PREFIXES = {
+    "mcp_list_tools": "mcpl", "mcp_call": "mcp", "mcp_approval_request": "mcpr", "mcp_approval_response": "mcpa",
+    "web_search_call": "ws", "code_interpreter_call": "ci", "message": "msg", "function_call": "fc",
+    "function_call_output": "fco", "custom_tool_call": "ctc", "custom_tool_call_output": "fco", "reasoning": "rs",
+    "item_reference": "ref", "compaction": "cmpi",
+}

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from router.protocol.ids import response_prefix
 from router.state.common import UNFINISHED, check_page, item_id
 from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_puts import decode_body, decode_items, forget_items, put_many, put_one, transaction
@@ -89,10 +90,16 @@ WHERE c.id = ? AND c.owner = ? AND ci.position < ? ORDER BY ci.position
 
 # Items by id (:ids, a JSON array) from the owner's live responses (the rows holding them:
 # the caller finds each among their items) and conversations (the item itself, as output).
+# Items by id: through ``item_ids``, from conversations, and, for ids of ItemIds' shape, from the
+# responses whose ids begin as theirs do (a range of the primary key per id: [lo, hi) in :made).
 _GET_ITEMS_SQL = """
 SELECT x.item_id, r.input, r.output FROM item_ids x JOIN responses r ON r.id = x.response_id
 WHERE x.item_id IN (SELECT value FROM json_each(:ids)) AND r.owner = :owner
     AND (r.expires_at IS NULL OR r.expires_at > :now)
+UNION ALL
+SELECT json_extract(m.value, '$[0]'), r.input, r.output FROM json_each(:made) m JOIN responses r
+    ON r.id >= json_extract(m.value, '$[1]') AND r.id < json_extract(m.value, '$[2]')
+WHERE r.owner = :owner AND (r.expires_at IS NULL OR r.expires_at > :now)
 UNION ALL
 SELECT ci.item_id, NULL, ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id
 WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
@@ -308,10 +315,13 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """One query over response and conversation items; an id stored in several places
-        (a conversation keeps copies of its responses' items) yields one of its copies."""
+        (a conversation keeps copies of its responses' items) yields one of its copies.
+        A row found by an id's shape may not hold it: only an item with that id counts."""
         if not item_ids:
             return {}
-        params = {"ids": orjson.dumps(list(item_ids)).decode(), "owner": owner, "now": self._now()}
+        made = [(iid, lo, lo + "g") for iid in item_ids if (lo := response_prefix(iid)) is not None]
+        params = {"ids": orjson.dumps(list(item_ids)).decode(), "made": orjson.dumps(made).decode(), "owner": owner,
+                  "now": self._now()}
         rows = await self._run(lambda conn: conn.execute(_GET_ITEMS_SQL, params).fetchall())
         found: dict[str, Item] = {}
         for iid, inputs, output in rows:

@@ -132,7 +132,7 @@ class SQLiteBackground:
                 if settled is not None:  # the output column holds it (the body keeps a null)
                     forget_items(conn, [(rid, inputs, output)])
                     output = orjson.dumps(settled)
-                    index_items(conn, rid, item_ids(orjson.loads(inputs or b"[]"), settled))
+                    index_items(conn, rid, item_ids(orjson.loads(inputs or b"[]"), settled, rid))
                 conn.execute("UPDATE responses SET status = 'failed', body = ?, output = ?, lease_holder = NULL, "
                              "lease_until = NULL WHERE id = ?", (failed_body(body, error), output, rid))
             return [rid for rid, *_ in rows]

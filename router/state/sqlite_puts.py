@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from router.protocol.ids import made_for
 from router.state.common import item_id
 from router.state.store import ResponseDeleted, StoredResponse
 
@@ -73,13 +74,15 @@ def encode(r: StoredResponse) -> tuple[tuple[Any, ...], list[str]]:
     row = (r.id, r.owner, r.previous_response_id, r.created_at, r.status, orjson.dumps(body), r.expires_at,
            r.lease_holder, r.lease_until, orjson.dumps(r.input_items), output, r.conversation_id,
            r.conversation_position)
-    return row, item_ids(r.input_items, r.body.get("output"))
+    return row, item_ids(r.input_items, r.body.get("output"), r.id)
 
 
-def item_ids(inputs: Any, outputs: Any) -> list[str]:
-    """The string ids of these items, each once, in order."""
+def item_ids(inputs: Any, outputs: Any, response_id: str) -> list[str]:
+    """The string ids of these items that ``item_ids`` rows are kept for, each once, in order:
+    all but those the response's own ``ItemIds`` made, which its row finds (``get_items``).
+    Most responses have no other: a put writes one b-tree fewer (bench/RESULTS.md)."""
     ids = [iid for items in (inputs, outputs) if isinstance(items, list) for item in items
-           if isinstance(item, dict) and (iid := item_id(item)) is not None]
+           if isinstance(item, dict) and (iid := item_id(item)) is not None and not made_for(iid, response_id)]
     return ids if len(set(ids)) == len(ids) else list(dict.fromkeys(ids))
 
 
@@ -101,7 +104,7 @@ def decode_items(inputs: bytes | None, output: bytes | None) -> list[Any]:
 def forget_items(conn: sqlite3.Connection, rows: list[tuple[str, bytes | None, bytes | None]]) -> None:
     """Drop the ``item_ids`` rows of responses gone or rewritten: (id, input, output) each."""
     keys = [(iid, rid) for rid, inputs, output in rows
-            for iid in item_ids(orjson.loads(inputs) if inputs else [], orjson.loads(output) if output else [])]
+            for iid in item_ids(orjson.loads(inputs) if inputs else [], orjson.loads(output) if output else [], rid)]
     conn.executemany("DELETE FROM item_ids WHERE item_id = ? AND response_id = ?", keys)
 
 
@@ -205,5 +208,7 @@ def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
 
 def index_items(conn: sqlite3.Connection, rid: str, ids: list[str]) -> None:
     """Record these item ids as the response's (``item_ids``), in a few multi-row INSERTs."""
+    if not ids:
+        return
     for chunk in _row_chunks([v for iid in ids for v in (iid, rid)], 2):
         conn.execute(_insert_ids(len(chunk) // 2), chunk)

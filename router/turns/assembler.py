@@ -19,7 +19,7 @@ from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, 
 from router.protocol.errors import APIError
 from router.protocol.shapes import response_error, usage_object
 from router.protocol.tools import ToolSet
-from router.protocol.ids import new_id
+from router.protocol.ids import ItemIds, new_id
 from router.protocol.tools import ROUTER_KINDS
 from router.turns.items import CallItem, MessageItem, ReasoningItem, copy_item
 from router.turns.tool_items import ApprovalRequestItem, ListToolsItem, RouterCallItem
@@ -31,8 +31,9 @@ class Assembler:
     """Builds one response from deltas; holds per-request state only."""
 
     def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
-                 seal: Any = None) -> None:
+                 seal: Any = None, ids: ItemIds | None = None) -> None:
         self.response = response
+        self.ids = ids or ItemIds(response["id"])  # shared with whatever named the response's input items
         self.output: list[dict[str, Any]] = response["output"]
         self._tools = tools or ToolSet()
         self._summaries = summaries  # reasoning.summary was asked for

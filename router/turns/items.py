@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from router.protocol.ids import new_id
 
 Event = dict[str, Any]
 
@@ -19,6 +18,8 @@ Event = dict[str, Any]
 class Sink(Protocol):
     output: list[dict[str, Any]]
     sources: dict[str, str]  # url -> title of pages a web search returned in this response
+
+    def ids(self, prefix: str) -> str: ...  # a new item's id (the response's ItemIds)
 
     def event(self, event: Event) -> Event: ...
 
@@ -59,7 +60,7 @@ class MessageItem(OpenItem):
     """An assistant message: output_text and refusal parts."""
 
     def __init__(self, sink: Sink, index: int, phase: str | None) -> None:
-        item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        item: dict[str, Any] = {"id": sink.ids("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
         if phase is not None:
             item["phase"] = phase
         super().__init__(sink, index, item)
@@ -149,7 +150,7 @@ class ReasoningItem(OpenItem):
     """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
 
     def __init__(self, sink: Sink, index: int, summaries: bool, seal: Any = None) -> None:
-        super().__init__(sink, index, {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
+        super().__init__(sink, index, {"id": sink.ids("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
         self._summaries = summaries
         self._seal = seal
         self.chunks: list[str] = []
@@ -202,10 +203,10 @@ class CallItem(OpenItem):
 
     def __init__(self, sink: Sink, index: int, kind: str, call_id: str, name: str, namespace: str | None) -> None:
         if kind == "custom":
-            item: dict[str, Any] = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "in_progress", "call_id": call_id,
+            item: dict[str, Any] = {"id": sink.ids("ctc"), "type": "custom_tool_call", "status": "in_progress", "call_id": call_id,
                                     "name": name, "input": ""}
         else:
-            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id, "name": name,
+            item = {"id": sink.ids("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id, "name": name,
                     "arguments": ""}
         if namespace is not None:
             item["namespace"] = namespace

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.protocol.errors import InvalidRequest, NotFound
-from router.protocol.ids import response_id
+from router.protocol.ids import ItemIds, response_id
 from router.protocol.items import Item, message_text, normalize_input
 from router.protocol.requests import CreateResponse, check_supported
 from router.protocol.sealing import Sealer, expand_compactions, open_reasoning, seal_reasoning
@@ -45,7 +45,9 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         history, seen_until = loaded
     else:
         history = await load_history(store, req.previous_response_id, owner)
-    input_items = normalize_input(req.input)
+    rid = response_id()
+    item_ids = ItemIds(rid)  # the input items the client did not name, then the output's
+    input_items = normalize_input(req.input, item_ids)
     input_items = resolve_input(history, input_items, await _referenced(store, input_items, owner))
     if not input_items and not history:
         raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
@@ -55,7 +57,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         prompt_items = open_reasoning(prompt_items, sealer, owner, first_input=len(history))
     check_tool_outputs(prompt_items)
     prelude = build_prelude(tools, router_tools, history, input_items)
-    response = response_object(req, response_id=response_id())
+    response = response_object(req, response_id=rid)
     if conversation_id is not None:
         response["conversation"] = {"id": conversation_id}
     routing = await _routing(target, req, store, owner, conversation_id, response["id"], prompt_items, metrics)
@@ -67,7 +69,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
         conversation_position=seen_until,
         router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
-        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer,
+        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids,
     )
 
 

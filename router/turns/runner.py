@@ -22,6 +22,7 @@ from typing import Any
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, NoCapacity, UpstreamError
+from router.protocol.ids import ItemIds
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
@@ -79,6 +80,7 @@ class ResponseRun:
     metrics: Any = None  # router.metrics.RouterMetrics
     seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
     sealer: Any = None  # router.protocol.sealing.Sealer, for context_management compaction
+    item_ids: ItemIds | None = None  # names the output items (prepare named the input's with it)
     # Background responses: the replica running it, and how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
@@ -96,7 +98,7 @@ class ResponseRun:
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
-        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal)
+        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal, ids=self.item_ids)
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
         routing = self.routing
         arm = routing.arm if routing else self.route.pool.name

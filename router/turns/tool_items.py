@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from router.protocol.ids import new_id
 from router.turns.items import Event, OpenItem, Sink, copy_item
 
 _PREFIX = {"mcp": "mcp", "web_search": "ws", "code_interpreter": "ci"}
@@ -23,12 +22,12 @@ class RouterCallItem(OpenItem):
         self.kind = kind
         self.item_name = name  # for web_search: search, open_page or find
         if kind == "mcp":
-            item: dict[str, Any] = {"id": new_id("mcp"), "type": "mcp_call", "status": "in_progress", "server_label": server_label,
+            item: dict[str, Any] = {"id": sink.ids("mcp"), "type": "mcp_call", "status": "in_progress", "server_label": server_label,
                                     "name": name, "arguments": "", "output": None, "error": None, "approval_request_id": None}
         elif kind == "web_search":
-            item = {"id": new_id("ws"), "type": "web_search_call", "status": "in_progress", "action": {"type": "search", "query": ""}}
+            item = {"id": sink.ids("ws"), "type": "web_search_call", "status": "in_progress", "action": {"type": "search", "query": ""}}
         else:
-            item = {"id": new_id("ci"), "type": "code_interpreter_call", "status": "in_progress", "code": "",
+            item = {"id": sink.ids("ci"), "type": "code_interpreter_call", "status": "in_progress", "code": "",
                     "container_id": container, "outputs": None}
         super().__init__(sink, index, item)
         self._chunks: list[str] = []
@@ -131,7 +130,7 @@ class ApprovalRequestItem(OpenItem):
     """An MCP call the client must approve: it ends the response; the next request answers it."""
 
     def __init__(self, sink: Sink, index: int, name: str, server_label: str | None) -> None:
-        super().__init__(sink, index, {"id": new_id("mcpr"), "type": "mcp_approval_request", "server_label": server_label,
+        super().__init__(sink, index, {"id": sink.ids("mcpr"), "type": "mcp_approval_request", "server_label": server_label,
                                        "name": name, "arguments": ""})
         self._chunks: list[str] = []
 
@@ -151,7 +150,7 @@ class ListToolsItem(OpenItem):
     """``mcp_list_tools``: what a server offers, listed once per conversation."""
 
     def __init__(self, sink: Sink, index: int, server_label: str) -> None:
-        super().__init__(sink, index, {"id": new_id("mcpl"), "type": "mcp_list_tools", "server_label": server_label, "tools": []})
+        super().__init__(sink, index, {"id": sink.ids("mcpl"), "type": "mcp_list_tools", "server_label": server_label, "tools": []})
 
     def announce(self, events: list[Event]) -> None:
         super().announce(events)
