@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -211,3 +212,23 @@ def test_chat_completions_passthrough(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):  # the worker's own 400 comes back as it is
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x [sim:status=400]"}])
+
+
+def test_every_answer_has_a_request_id(client: openai.OpenAI) -> None:
+    """``x-request-id`` on every answer, a new one each time: the SDK's ``_request_id``, what a
+    user quotes when something went wrong. Hot routes, streams, errors and the other routes alike."""
+    made = client.responses.create(model=MODEL, input="hi")
+    retrieved = client.responses.with_raw_response.retrieve(made.id)
+    with client.responses.with_streaming_response.create(model=MODEL, input="hi", stream=True) as streamed:
+        streamed_id = streamed.headers.get("x-request-id")
+        assert any(line.startswith("event: response.completed") for line in streamed.iter_lines())
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.retrieve("resp_nope")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input=[])
+    chat = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    models = client.models.with_raw_response.list()
+    ids = [made._request_id, retrieved.headers.get("x-request-id"), streamed_id, missing.value.request_id,
+           refused.value.request_id, chat.headers.get("x-request-id"), models.headers.get("x-request-id")]
+    assert all(re.fullmatch(r"req_[0-9a-f]{48}", i or "") for i in ids), ids
+    assert len(set(ids)) == len(ids)

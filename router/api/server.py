@@ -38,6 +38,7 @@ from router.api.coalesce import HeadHoldingTransport
 from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import internal_error
+from router.protocol.ids import new_id
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # How long the rest of a refused body is read, at most, before a ``Connection: close`` answer's
@@ -119,6 +120,9 @@ class RouterHttpProtocol(HttpToolsProtocol):
         parser = self.parser
         if route is None or parser.get_method() != b"POST" or parser.should_upgrade() or self.limit_concurrency:
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # this request's (an upgrade makes none)
+                cycle.default_headers = [*cycle.default_headers, _request_id_header()]
             return
         http_version = parser.get_http_version()
         scope = self.scope
@@ -212,7 +216,7 @@ class HotCycle(RequestResponseCycle):
         super().__init__(
             scope=protocol.scope, transport=protocol.transport, flow=protocol.flow, logger=protocol.logger,
             access_logger=protocol.access_logger, access_log=protocol.access_log,
-            default_headers=protocol.server_state.default_headers, message_event=asyncio.Event(),
+            default_headers=[*protocol.server_state.default_headers, _request_id_header()], message_event=asyncio.Event(),
             expect_100_continue=protocol.expect_100_continue, keep_alive=keep_alive,
             on_response=protocol.on_response_complete,
         )
@@ -270,3 +274,9 @@ class HotCycle(RequestResponseCycle):
         if not self.keep_alive:
             self.transport.close()
         self.on_response()
+
+
+def _request_id_header() -> tuple[bytes, bytes]:
+    """``x-request-id``, new for every request, as OpenAI sends it: the SDK's ``_request_id``,
+    what a user quotes when something went wrong."""
+    return b"x-request-id", new_id("req").encode("ascii")
