@@ -132,6 +132,12 @@ def stored_statuses(router: RouterProcess) -> dict[str, str]:
         (b'{"model": "sim-chat", "input": "hi", "reasoning": {"summary": 5}}', "reasoning.summary", "invalid_value"),
         (b'{"model": "sim-chat", "input": "hi", "text": {"verbosity": "extreme"}}', "text.verbosity", "invalid_value"),
         (b'{"model": "sim-chat", "input": "hi", "service_tier": "ultra"}', "service_tier", "invalid_value"),
+        # Not JSON, though Python's json writes them (the SDK's default encoder does): they once reached the worker as null.
+        (b'{"model": "sim-chat", "input": "hi", "tools": [{"type": "function", "name": "f", '
+         b'"parameters": {"type": "object", "default": NaN}}]}', None, "invalid_json"),
+        (b'{"model": "sim-chat", "input": [{"type": "mcp_call", "server_label": "m", "name": "n", "arguments": "{}", '
+         b'"output": "x", "score": -Infinity}]}', None, "invalid_json"),
+        (b'{"model": "sim-chat", "input": "hi", "temperature": Infinity}', None, "invalid_json"),
     ],
 )
 def test_malformed_bodies(http: httpx.Client, body: bytes, param: str | None, code: str | None) -> None:
@@ -355,3 +361,10 @@ def test_concurrent_requests_all_complete(client: openai.OpenAI) -> None:
     with ThreadPoolExecutor(16) as pool:
         statuses = list(pool.map(one, range(48)))
     assert statuses == ["completed"] * 48
+
+
+def test_words_that_look_like_json_constants_are_only_words(client: openai.OpenAI) -> None:
+    """The NaN check reads values, not text: an input saying NaN and Infinity is answered."""
+    made = client.responses.create(model=MODEL, input='NaN, "Infinity" and beyond')
+    assert made.status == "completed"
+    assert client.responses.input_items.list(made.id).data[0].content[0].text == 'NaN, "Infinity" and beyond'

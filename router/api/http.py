@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import zlib
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -221,10 +222,28 @@ def parse_model(model: type[M], body: bytes) -> M:
     """Validate a JSON body; every failure is a 400 that names the parameter."""
     if not body.strip():
         raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
+    if b"NaN" in body or b"Infinity" in body:  # most bodies: two scans, and no second parse
+        _no_constants(body)
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidRequest(f"We could not parse the JSON body of your request: {name} is not a JSON value.",
+                         code="invalid_json")
+
+
+def _no_constants(body: bytes) -> None:
+    """Refuse ``NaN`` and ``Infinity``, which JSON does not have. The model's parser takes
+    them into free-form fields (a tool's schema, an item's extra fields), and they would
+    reach the worker, and the store, as null. Anything else wrong is left to the model's
+    parser, which names it."""
+    try:
+        json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return  # not JSON at all, or too deep: the model's parser names what is wrong
 
 
 def validation_error(exc: ValidationError) -> InvalidRequest:
