@@ -176,7 +176,8 @@ def test_encrypted_reasoning_in_a_stateless_tool_loop(oss: openai.OpenAI) -> Non
 
 
 def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: openai.OpenAI) -> None:
-    """The request parser reads NaN and Infinity; openai-harmony cannot render them: a clear 400."""
+    """NaN is not JSON (openai-harmony could not render it either): a clear 400 at the request's
+    boundary, as on every pool (router/api/http.py)."""
     anchor = oss.responses.create(model="oss-vllm", input="before [sim:tokens=3]")
     for stream in ("false", "true"):
         body = ('{"model":"oss-vllm","input":"hi","stream":%s,"previous_response_id":"%s","tools":[{"type":"function",'
@@ -186,7 +187,13 @@ def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: 
                           headers={"content-type": "application/json"}, timeout=30)
         assert resp.status_code == 400, resp.text
         error = resp.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["param"] == "tools" and error["code"] == "invalid_tools"
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json" and "NaN" in error["message"]
+    # A number too large for a float reads as infinity: harmony's renderer refuses it, as clearly.
+    body = ('{"model":"oss-vllm","input":"hi","tools":[{"type":"function","name":"f","parameters":'
+            '{"type":"object","properties":{"x":{"type":"number","maximum":1e400}}}}]}')
+    resp = httpx.post(harmony_router.base_url + "/v1/responses", content=body, headers={"content-type": "application/json"},
+                      timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools" and resp.json()["error"]["code"] == "invalid_tools"
     # Nothing was disturbed: the chain goes on.
     assert oss.responses.retrieve(anchor.id).status == "completed"
     assert oss.responses.create(model="oss-vllm", input="after", previous_response_id=anchor.id).status == "completed"

@@ -84,6 +84,64 @@ def test_deleted_on_b_while_a_runs_it(pair) -> None:  # type: ignore[no-untyped-
             client.responses.retrieve(long.id)
 
 
+def test_a_stream_is_stored_as_it_runs_and_seen_from_the_other_replica(pair) -> None:  # type: ignore[no-untyped-def]
+    """A streamed ``store: true`` response is there from its start: ``in_progress`` (no output yet) on
+    either replica, and not chained on until it ends (a 400, not a 404); then ``completed``."""
+    a, b = map(sdk, pair)
+    with a.responses.stream(model=MODEL, input="[sim:tokens=60] [sim:itl_ms=30]") as stream:
+        deltas = 0
+        for event in stream:
+            if event.type == "response.created":
+                rid = event.response.id
+            elif event.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 5:
+                    break
+        running = b.responses.retrieve(rid)
+        assert running.status == "in_progress" and running.output == []
+        assert b.responses.input_items.list(rid).data[0].content[0].text == "[sim:tokens=60] [sim:itl_ms=30]"
+        with pytest.raises(openai.BadRequestError) as chained:
+            b.responses.create(model=MODEL, input="next", previous_response_id=rid)
+        assert chained.value.code == "previous_response_in_progress"
+        final = stream.get_final_response()
+    for client in (a, b):
+        stored = client.responses.retrieve(rid)
+        assert stored.status == "completed" and stored.output_text == final.output_text and len(final.output_text.split()) == 60
+    assert b.responses.create(model=MODEL, input="next", previous_response_id=rid).status == "completed"
+
+
+def test_a_stream_deleted_while_it_runs_ends_and_stays_deleted(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = map(sdk, pair)
+    with a.responses.stream(model=MODEL, input="[sim:tokens=40] [sim:itl_ms=20]") as stream:
+        rid = next(e for e in stream if e.type == "response.created").response.id
+        wait_for(b, rid, {"in_progress"})
+        b.responses.delete(rid)
+        final = stream.get_final_response()  # the client that streams it sees it to its end
+    assert final.status == "completed" and len(final.output_text.split()) == 40
+    for client in (a, b):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+
+
+def test_a_dead_replicas_stream_fails(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
+    """The replica streaming a stored response dies: its lease runs out and the survivor's sweep marks it failed."""
+    doomed = replica(tmp_path / "doomed", pg_dsn, lease_s=1.0)
+    survivor = replica(tmp_path / "survivor", pg_dsn, lease_s=1.0)
+    try:
+        stream = sdk(doomed).responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", stream=True)
+        rid = next(e for e in stream if e.type == "response.created").response.id
+        running = wait_for(sdk(survivor), rid, {"in_progress"})
+        time.sleep(1.5)  # past one lease: the doomed replica renews it while it lives
+        assert sdk(survivor).responses.retrieve(rid).status == "in_progress"
+        os.kill(doomed.proc.pid, signal.SIGKILL)
+        doomed.proc.wait()
+        failed = wait_for(sdk(survivor), rid, {"failed"}, timeout=20)
+        assert failed.error.code == "server_error" and "stopped" in failed.error.message
+        assert failed.output == [] and running.output == []
+    finally:
+        survivor.stop()
+
+
 def test_a_dead_replicas_background_response_fails(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
     doomed = replica(tmp_path / "doomed", pg_dsn, lease_s=1.0)
     survivor = replica(tmp_path / "survivor", pg_dsn, lease_s=1.0)
@@ -160,5 +218,23 @@ def test_sqlite_router_killed_and_restarted(tmp_path: Path) -> None:
         assert replayed[-1]["type"] == "response.failed" and replayed[-1]["response"]["output"][0]["status"] == "incomplete"
         assert client.responses.retrieve(kept.id).output_text
         assert client.responses.create(model=MODEL, input="go on", previous_response_id=kept.id).status == "completed"
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_sqlite_router_killed_mid_stream(tmp_path: Path) -> None:
+    """A stored stream cut by a kill -9: after the restart it is ``failed``, not a 404."""
+    body = sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n'
+    router = start_router(tmp_path, body)
+    client = sdk(router)
+    stream = client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", stream=True)
+    rid = next(e for e in stream if e.type == "response.created").response.id
+    wait_for(client, rid, {"in_progress"})
+    os.kill(router.proc.pid, signal.SIGKILL)
+    router.proc.wait()
+    restarted = start_router(tmp_path, body)
+    try:
+        failed = sdk(restarted).responses.retrieve(rid)
+        assert failed.status == "failed" and failed.error.code == "server_error" and failed.output == []
     finally:
         assert restarted.stop() == 0

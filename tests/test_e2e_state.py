@@ -288,3 +288,16 @@ def test_every_id_endpoint_is_scoped_to_its_key(tmp_path) -> None:  # type: igno
         assert [i.id for i in a.conversations.items.list(conv.id).data] == [item.id]
     finally:
         assert router.stop() == 0
+
+
+def test_a_stream_deleted_while_it_runs_ends_and_stays_deleted(client: openai.OpenAI) -> None:
+    """On SQLite as on PostgreSQL (tests/test_e2e_replicas.py): a stored stream is retrievable as it
+    runs; deleted meanwhile, it streams to its end and its last put writes nothing back."""
+    with client.responses.stream(model=MODEL, input="[sim:tokens=40] [sim:itl_ms=20]") as stream:
+        rid = next(e for e in stream if e.type == "response.created").response.id
+        assert client.responses.retrieve(rid).status == "in_progress"
+        client.responses.delete(rid)
+        final = stream.get_final_response()
+    assert final.status == "completed" and len(final.output_text.split()) == 40
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(rid)

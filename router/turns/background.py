@@ -1,4 +1,5 @@
 """Background responses: run detached from the request, logged for replay, cancellable from any replica.
+Leases on them, and on the foreground streams stored as they run.
 
 Every event goes to the store's event log (in small batches), so a client can
 replay and follow the stream from ANY replica, during the run or after it.
@@ -49,6 +50,7 @@ class BackgroundRuns:
         self.max_events = max_events
         self._sweep_all_at_start = sweep_all_at_start  # one replica only (SQLite): nothing else can be running
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._streams: set[str] = set()  # foreground streams stored as they run (``leased``)
         self._cancelling: set[str] = set()
         self._wake: dict[str, asyncio.Event] = {}
         self._loops: list[asyncio.Task[None]] = []
@@ -84,6 +86,22 @@ class BackgroundRuns:
         self._wake[rid] = asyncio.Event()
         self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
         return dict(run.response)
+
+    async def leased(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
+        """``run``'s stream (a foreground one, stored), leased here while it runs: it is stored as
+        ``in_progress`` as it starts (router/turns/runner.py), and if this replica dies the sweep marks
+        it failed, as it does a background response."""
+        rid = run.response["id"]
+        run.lease_holder = self.holder
+        run.lease_s = self.lease_s
+        self._streams.add(rid)
+        stream = run.events()
+        try:
+            async for events in stream:
+                yield events
+        finally:
+            self._streams.discard(rid)
+            await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
 
     async def _run(self, run: ResponseRun) -> None:
         rid = run.response["id"]
@@ -208,8 +226,8 @@ class BackgroundRuns:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                if self._runs:
-                    await self.store.renew_leases(list(self._runs), self.holder, time.time() + self.lease_s)
+                if self._runs or self._streams:
+                    await self.store.renew_leases([*self._runs, *self._streams], self.holder, time.time() + self.lease_s)
                 failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
                 if failed:
                     log.warning("marked abandoned background responses failed: %s", ", ".join(failed))

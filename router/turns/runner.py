@@ -26,7 +26,7 @@ from router.protocol.ids import ItemIds
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
-from router.state.store import Store, StoredResponse
+from router.state.store import ResponseDeleted, Store, StoredResponse
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
 from router.dialects.deltas import ReasoningText, Usage
 from router.protocol.requests import compact_threshold
@@ -81,14 +81,14 @@ class ResponseRun:
     seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
     sealer: Any = None  # router.protocol.sealing.Sealer, for context_management compaction
     item_ids: ItemIds | None = None  # names the output items (prepare named the input's with it)
-    # Background responses: the replica running it, and how long its lease lasts per renewal.
+    # Background responses and leased streams: the replica running it, how long its lease lasts per renewal.
     lease_holder: str | None = None
     lease_s: float = 30.0
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
     _tool_calls_run: int = 0
-    _persisted: bool = False  # stored once already: later puts only update it (a background run)
+    _persisted: bool = False  # stored once already: later puts only update it (a background run, a leased stream)
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
@@ -167,6 +167,9 @@ class ResponseRun:
                 await self._persist()
                 yield events
             else:
+                if self.lease_holder is not None and self.req.store:
+                    # Stored before the client sees its id; the worker is already at work meanwhile.
+                    await self._put_opening()
                 yield asm.start()
             if self._compaction is not None:
                 yield asm.add_done(self._compaction)
@@ -367,6 +370,19 @@ class ResponseRun:
             )
         if not self.req.store:
             return
+        try:
+            await self._put(response)
+        except ResponseDeleted:
+            if self.lease_holder is None or self.req.background:
+                raise
+            # A stream its client deleted while it ran: it stays deleted, and the stream ends as it would.
+            log.info("streamed response %s was deleted while it ran; not stored again", response["id"])
+        if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
+            await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
+
+    async def _put(self, body: dict[str, Any]) -> None:
+        response = self.response
+        status = body["status"]
         running = status in ("queued", "in_progress") and self.lease_holder is not None
         await self.store.put_response(
             StoredResponse(
@@ -375,7 +391,7 @@ class ResponseRun:
                 previous_response_id=self.req.previous_response_id,
                 created_at=response["created_at"],
                 status=status,
-                body=response,
+                body=body,
                 input_items=self.input_items,
                 expires_at=response["created_at"] + self.ttl_s if self.ttl_s else None,
                 lease_holder=self.lease_holder if running else None,
@@ -386,8 +402,15 @@ class ResponseRun:
             )
         )
         self._persisted = True
-        if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
-            await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
+
+    async def _put_opening(self) -> None:
+        """A leased stream's first put: ``in_progress``, no output yet, so it can be retrieved (and is
+        not chained on) while it runs, and is failed by the sweep if this replica dies. A failure
+        here is logged; the put at the end tries again."""
+        try:
+            await self._put({**self.response, "output": []})
+        except Exception:  # noqa: BLE001 - the stream goes on; its last put stores it
+            log.warning("could not store streamed response %s as it started", self.response["id"], exc_info=True)
 
     @property
     def served_by(self) -> dict[str, str]:
