@@ -105,7 +105,8 @@ def forget_items(conn: sqlite3.Connection, rows: list[tuple[str, bytes | None, b
     """Drop the ``item_ids`` rows of responses gone or rewritten: (id, input, output) each."""
     keys = [(iid, rid) for rid, inputs, output in rows
             for iid in item_ids(orjson.loads(inputs) if inputs else [], orjson.loads(output) if output else [], rid)]
-    conn.executemany("DELETE FROM item_ids WHERE item_id = ? AND response_id = ?", keys)
+    if keys:
+        conn.executemany("DELETE FROM item_ids WHERE item_id = ? AND response_id = ?", keys)
 
 
 # Rows per multi-row INSERT: powers of two up to this, so a connection's statement cache (128)
@@ -195,15 +196,22 @@ def put_one(conn: sqlite3.Connection, r: StoredResponse) -> None:
 
 def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:
     row, iids = encode(r)  # before writing: a bad item fails here with nothing written
-    if r.existing and conn.execute("SELECT 1 FROM responses WHERE id = ?", (r.id,)).fetchone() is None:
-        raise ResponseDeleted(r.id)
-    if conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and its item ids
-        old = conn.execute("SELECT input, output FROM responses WHERE id = ? AND owner = ?", (r.id, r.owner)).fetchone()
-        if old is None or conn.execute(_UPSERT_SQL, row).rowcount != 1:
-            # The id exists under another owner: never let one key overwrite another's.
-            raise PermissionError(f"response {r.id!r} belongs to another owner")
-        forget_items(conn, [(r.id, *old)])
+    if r.existing:  # a later put of a response this router stored: read what it replaces, then replace it
+        old = conn.execute("SELECT owner, input, output FROM responses WHERE id = ?", (r.id,)).fetchone()
+        if old is None:
+            raise ResponseDeleted(r.id)
+        _replace(conn, r, row, old)
+    elif conn.execute(_INSERT_NEW_SQL, row).rowcount != 1:  # not new: replace it, and its item ids
+        _replace(conn, r, row, conn.execute("SELECT owner, input, output FROM responses WHERE id = ?", (r.id,)).fetchone())
     index_items(conn, r.id, iids)
+
+
+def _replace(conn: sqlite3.Connection, r: StoredResponse, row: tuple[Any, ...], old: tuple[Any, ...] | None) -> None:
+    """``r`` over the row it replaces, whose (owner, input, output) are ``old``; its item ids go (the caller adds the new)."""
+    if old is None or old[0] != r.owner or conn.execute(_UPSERT_SQL, row).rowcount != 1:
+        # The id exists under another owner: never let one key overwrite another's.
+        raise PermissionError(f"response {r.id!r} belongs to another owner")
+    forget_items(conn, [(r.id, old[1], old[2])])
 
 
 def index_items(conn: sqlite3.Connection, rid: str, ids: list[str]) -> None:
