@@ -38,7 +38,7 @@ from router.api.coalesce import HeadHoldingTransport
 from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import internal_error
-from router.protocol.ids import new_id
+from router.protocol.ids import request_id
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # How long the rest of a refused body is read, at most, before a ``Connection: close`` answer's
@@ -279,4 +279,4 @@ class HotCycle(RequestResponseCycle):
 def _request_id_header() -> tuple[bytes, bytes]:
     """``x-request-id``, new for every request, as OpenAI sends it: the SDK's ``_request_id``,
     what a user quotes when something went wrong."""
-    return b"x-request-id", new_id("req").encode("ascii")
+    return b"x-request-id", request_id().encode("ascii")

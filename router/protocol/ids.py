@@ -41,6 +41,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{time.time_ns() // 1000:014x}{_random_hex()}"
 
 
+def request_id() -> str:
+    """An HTTP request's id, as OpenAI's look: ``req_`` and 32 random hex digits (no time: it orders nothing)."""
+    return "req_" + _random_hex()[:32]
+
+
 def response_id() -> str:
     return new_id("resp")
 
