@@ -377,6 +377,7 @@ class ResponseRun:
                 raise
             # A stream its client deleted while it ran: it stays deleted, and the stream ends as it would.
             log.info("streamed response %s was deleted while it ran; not stored again", response["id"])
+            return
         if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
             await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
 
