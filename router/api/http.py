@@ -241,6 +241,11 @@ def _no_constants(body: bytes) -> None:
     reach the worker, and the store, as null. Anything else wrong is left to the model's
     parser, which names it."""
     try:
+        orjson.loads(body)  # strict JSON, and ~5x faster than json: most bodies that hold the words end here
+        return
+    except orjson.JSONDecodeError:
+        pass
+    try:
         json.loads(body, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         return  # not JSON at all, or too deep: the model's parser names what is wrong
