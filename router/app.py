@@ -209,7 +209,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         *responses.routes(),
         *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                             ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
-                            max_age_s=config.server.websocket_max_age_s, sealer=sealer).routes(),
+                            max_age_s=config.server.websocket_max_age_s, sealer=sealer, background=background).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,

@@ -326,3 +326,19 @@ def test_slow_reader_holds_up_only_its_own_connection(wsrouter: RouterProcess) -
         events = one_response(slow)
         assert events[-1]["type"] == "response.completed"
         assert len(text_of(check_stream(events)).split()) == 3000
+
+
+def test_a_stored_response_is_there_while_it_streams(wsrouter: RouterProcess, sdk: openai.OpenAI) -> None:
+    """As on HTTP: a ``store: true`` response made over the WebSocket is stored ``in_progress`` from
+    its first event, so another client sees it while it streams, then ``completed``."""
+    with raw(wsrouter) as ws:
+        send(ws, model=MODEL, input="[sim:tokens=40] [sim:itl_ms=20]", store=True)
+        created = recv(ws)
+        assert created["type"] == "response.created"
+        rid = created["response"]["id"]
+        running = sdk.responses.retrieve(rid)
+        assert running.status == "in_progress" and running.output == []
+        events = [created] + one_response(ws)
+    check_stream(events)
+    stored = sdk.responses.retrieve(rid)
+    assert stored.status == "completed" and stored.output_text == text_of(events[-1]["response"])

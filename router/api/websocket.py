@@ -72,8 +72,9 @@ class ResponsesWebSocket:
     def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
                  ttl_s: int | None = None, router_tools: RouterTools | None = None, metrics: Any = None,
                  max_age_s: float = DEFAULT_MAX_AGE_S, close_grace_s: float = 60.0, cache_size: int = 64,
-                 max_lanes: int = 8, max_queued: int = 8, sealer: Any = None) -> None:
+                 max_lanes: int = 8, max_queued: int = 8, sealer: Any = None, background: Any = None) -> None:
         self.store = store
+        self.background = background  # BackgroundRuns: leases a stored response while it streams, as on HTTP
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
@@ -358,7 +359,7 @@ class _Connection:
         if not generate:
             await self._prepared_only(run, sid)
         else:
-            events = run.events()
+            events = api.background.leased(run) if req.store and api.background is not None else run.events()
             try:
                 async for batch in events:
                     for event in batch:
