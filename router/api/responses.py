@@ -71,8 +71,7 @@ class ResponsesAPI:
             body = await run.complete()
             return json_response(body, headers=run.served_by)
         await run.open_stream()
-        events = self.background.leased(run) if req.store else run.events()
-        return event_stream(events, run.served_by, attach=run.attach_writer)
+        return event_stream(self.background.stream(run), run.served_by, attach=run.attach_writer)
 
     async def retrieve(self, request: Request) -> Body | StreamBody:
         owner = self.auth.owner(request)

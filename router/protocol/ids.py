@@ -93,6 +93,5 @@ def response_prefix(item_id: str) -> str | None:
 
 def made_for(item_id: str, response_id: str) -> bool:
     """Whether ``ItemIds(response_id)`` may have made ``item_id`` (so the response's row finds it)."""
-    _, sep, digits = item_id.partition("_")
-    return (bool(sep) and len(digits) == _HEX and len(response_id) == len(_RESPONSE) + _HEX
-            and response_id.startswith(_RESPONSE) and response_id[len(_RESPONSE):len(_RESPONSE) + _SHARED] == digits[:_SHARED])
+    prefix = response_prefix(item_id)
+    return prefix is not None and len(response_id) == len(_RESPONSE) + _HEX and response_id.startswith(prefix)

@@ -278,5 +278,5 @@ _PREFIXES = {
     "mcp_list_tools": "mcpl", "mcp_call": "mcp", "mcp_approval_request": "mcpr", "mcp_approval_response": "mcpa",
     "web_search_call": "ws", "code_interpreter_call": "ci", "message": "msg", "function_call": "fc",
     "function_call_output": "fco", "custom_tool_call": "ctc", "custom_tool_call_output": "fco", "reasoning": "rs",
-    "item_reference": "ref", "compaction": "cmpi",
+    "compaction": "cmpi",  # (an item_reference always has its id)
 }

@@ -87,10 +87,13 @@ class BackgroundRuns:
         self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
         return dict(run.response)
 
-    async def leased(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
-        """``run``'s stream (a foreground one, stored), leased here while it runs: it is stored as
+    def stream(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
+        """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
         ``in_progress`` as it starts (router/turns/runner.py), and if this replica dies the sweep marks
         it failed, as it does a background response."""
+        return self._leased(run) if run.req.store else run.events()
+
+    async def _leased(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
         rid = run.response["id"]
         run.lease_holder = self.holder
         run.lease_s = self.lease_s
