@@ -88,10 +88,10 @@ SELECT ci.body FROM conversation_items ci JOIN conversations c ON c.id = ci.conv
 WHERE c.id = ? AND c.owner = ? AND ci.position < ? ORDER BY ci.position
 """
 
-# Items by id (:ids, a JSON array) from the owner's live responses (the rows holding them:
-# the caller finds each among their items) and conversations (the item itself, as output).
-# Items by id: through ``item_ids``, from conversations, and, for ids of ItemIds' shape, from the
-# responses whose ids begin as theirs do (a range of the primary key per id: [lo, hi) in :made).
+# Items by id (:ids, a JSON array) from the owner's live responses (the rows holding them: the
+# caller finds each among their items) and conversations (the item itself, as output). A response's
+# rows are found through ``item_ids``, and for ids of ItemIds' shape by a range of the primary key
+# per id, the responses whose ids begin as theirs do ([lo, hi) in :made).
 _GET_ITEMS_SQL = """
 SELECT x.item_id, r.input, r.output FROM item_ids x JOIN responses r ON r.id = x.response_id
 WHERE x.item_id IN (SELECT value FROM json_each(:ids)) AND r.owner = :owner

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 import orjson
 
-
 Event = dict[str, Any]
 
 
