@@ -113,7 +113,7 @@ def dialect_turn(req: Any, tools: Any, harmony: Any) -> Any:
     return HarmonyTurn(req, tools, harmony, engine="vllm", context_length=None, request_id="resp_1", model="m")
 
 
-async def stream(n: int, reasoning: bool = False, harmony: bool = False) -> list[bytes]:
+async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut: bool = False) -> list[bytes]:
     """Runs ``n`` tokens through the path; returns what reached the client's socket."""
     from backends.client import SSEStream
     from backends.wire import Connection
@@ -147,9 +147,16 @@ async def stream(n: int, reasoning: bool = False, harmony: bool = False) -> list
     encoding = harmony_encoding() if harmony else None
     turn = dialect_turn(req, tools, encoding)
     timer = RouterMetrics().timer("m", "arm", "pool")
-    on_batch = reader(asm, turn, timer, direct, [])
+    held: list[Any] = []
+    on_batch = reader(asm, turn, timer, direct, held)
     sse = SSEStream(conn)
-    pushing = sse.push(on_batch, turn.decode) if getattr(turn, "decode", None) else sse.push(on_batch)
+    if hasattr(asm, "text_cut") and getattr(turn, "plain_text", None) is not None and not no_cut:
+        from router.api.sse import delta_parts
+        cut = asm.text_cut(turn.plain_text, lambda event: RouterHttpProtocol.delta_writer(
+            protocol, protocol.cycle.scope, *delta_parts(event)), timer, held)
+        pushing = sse.push(on_batch, turn.decode, cut)
+    else:
+        pushing = sse.push(on_batch, turn.decode) if getattr(turn, "decode", None) else sse.push(on_batch)
     consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
     await asyncio.sleep(0)  # the reader is attached and waiting
     reads = harmony_frames(n, encoding) if encoding is not None else frames(n, reasoning)

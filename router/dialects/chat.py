@@ -252,7 +252,9 @@ class ChatTurn:
         # The stream's payloads, a plain text chunk read as its text (a str) without being parsed:
         # the runner's per-token fast path. A think-tag splitter must see every piece of content
         # the general way, so only parsed chunks then.
-        self.decode: Callable[[bytes], Any] = chunk_object if options.think_tags else ChunkDecoder().decode
+        decoder = None if options.think_tags else ChunkDecoder()
+        self.decode: Callable[[bytes], Any] = chunk_object if decoder is None else decoder.decode
+        self.plain_text: Callable[[bytes], bytes | None] | None = None if decoder is None else decoder.plain_text
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         messages = to_messages(items, self._req.instructions, self._options)

@@ -13,6 +13,7 @@ order; stable item ids; the full ``output`` in the terminal event.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
@@ -101,6 +102,52 @@ class Assembler:
         event["sequence_number"] = self._seq
         self._seq += 1
         return [event]
+
+    def text_cut(self, plain_text: Callable[[bytes], bytes | None],
+                 deltas: Callable[[Event], Callable[[bytes, int], bool] | None], timer: Any,
+                 held: list[Any]) -> Callable[[bytes], bool]:
+        """``text`` and the write of its event straight from a worker's payload: the runner's cut-through.
+
+        ``cut(payload)`` takes a payload that ``plain_text`` (the dialect's) finds to be nothing
+        but a piece of the answer, while an answer message's output_text part is open and
+        nothing is ``held``: it writes the event ``text`` would give through the part's writer
+        from ``deltas`` (the server's, made once per part from the event's template; the JSON
+        string bytes of the text and the number go in), then changes the state as ``text`` and
+        the reader would. Anything else, or a writer that cannot write now: False, and nothing
+        changed, so the payload takes the usual way. The same events and state as that way
+        (tests/test_cut_through.py). Measured (bench/instructions.py): 41.9k -> 38.7k instructions
+        per streamed token of the whole router; the worker's read no longer goes through httptools,
+        orjson or an event dict, only five short Python calls.
+        """
+        template: Event | None = None
+        write: Callable[[bytes, int], bool] | None = None
+
+        def cut(payload: bytes) -> bool:
+            nonlocal template, write
+            item = self._open
+            if type(item) is not MessageItem or held:
+                return False
+            if item.text_delta is not template:  # a new part (its template is made by ``text``)
+                template = item.text_delta
+                write = None if template is None or item.phase is not None or item.part != "output_text" else deltas(template)
+            if write is None:
+                return False
+            content = plain_text(payload)
+            if content is None:
+                return False
+            try:
+                text = content.decode()
+            except UnicodeDecodeError:
+                return False
+            if not write(content, self._seq):
+                return False
+            item.chunks.append(text)
+            self._seq += 1
+            if timer is not None:
+                timer.token(1)
+            return True
+
+        return cut
 
     def reasoning(self, text: str) -> list[Event] | None:
         """``feed([ReasoningDelta(text)])`` for non-empty ``text`` when a reasoning item is open
