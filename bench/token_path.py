@@ -152,7 +152,7 @@ async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut:
     sse = SSEStream(conn)
     if hasattr(asm, "text_cut") and getattr(turn, "plain_text", None) is not None and not no_cut:
         from router.api.sse import delta_parts
-        cut = asm.text_cut(turn.plain_text, lambda event: RouterHttpProtocol.delta_writer(
+        cut = asm.text_cut(turn.plain_text, turn.plain_reasoning, lambda event: RouterHttpProtocol.delta_writer(
             protocol, protocol.cycle.scope, *delta_parts(event)), timer, held)
         pushing = sse.push(on_batch, turn.decode, cut)
     else:

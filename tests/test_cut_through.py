@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,7 +99,7 @@ async def _serve(reads: list[tuple[bytes, bool]], cut: bool) -> tuple[list[bytes
     on_batch = reader(asm, turn, timer, direct, held)
     text_cut = None
     if cut:
-        text_cut = asm.text_cut(turn.plain_text, lambda event: RouterHttpProtocol.delta_writer(
+        text_cut = asm.text_cut(turn.plain_text, turn.plain_reasoning, lambda event: RouterHttpProtocol.delta_writer(
             protocol, scope, *delta_parts(event)), timer, held)
     socket.writes.append(encode_events(asm.start()))
     pushing = SSEStream(conn).push(on_batch, turn.decode, text_cut)
@@ -124,6 +125,7 @@ CHUNKS = st.one_of(
     st.builds(lambda t: HEAD + b'"' + t + b'"' + TAIL, st.binary(min_size=1, max_size=6).filter(
         lambda b: b'"' not in b and b"\\" not in b and all(c >= 0x20 for c in b))),  # not always UTF-8
     st.builds(lambda t: HEAD.replace(b'"content"', b'"reasoning"') + orjson.dumps(t) + TAIL, PLAIN),
+    st.builds(lambda t: HEAD.replace(b'"content"', b'"reasoning_content"') + orjson.dumps(t) + TAIL, st.text(min_size=1)),
     st.builds(lambda t: HEAD.replace(b'"content":', b'"role":"assistant","content":') + orjson.dumps(t) + TAIL, PLAIN),
     st.just(b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'),
 )
@@ -170,12 +172,14 @@ def test_the_cut_writes_and_keeps_what_the_usual_way_does(reads: list[tuple[byte
     assert _normalized(with_cut) == _normalized(without)
 
 
-def test_most_reads_of_a_paced_stream_take_the_cut() -> None:
+@pytest.mark.parametrize("key", [b"content", b"reasoning", b"reasoning_content"])
+def test_most_reads_of_a_paced_stream_take_the_cut(key: bytes) -> None:
     """Checks the test above compares the cut at all: a plain stream's reads after the first go through it."""
     words = [b" alpha", b" beta", b" \xc3\xa9t\xc3\xa9", b" gamma"] * 5
+    head = HEAD.replace(b'"content"', b'"%s"' % key)
     reads = []
     for w in words:
-        frame = b"data: " + HEAD + b'"' + w + b'"' + TAIL + b"\n\n"
+        frame = b"data: " + head + b'"' + w + b'"' + TAIL + b"\n\n"
         reads.append((b"%x\r\n%s\r\n" % (len(frame), frame), False))
     cut_calls = 0
     original = Assembler.text_cut
@@ -195,10 +199,12 @@ def test_most_reads_of_a_paced_stream_take_the_cut() -> None:
         writes, held, outcome = asyncio.run(_serve(reads, cut=True))
     finally:
         Assembler.text_cut = original  # type: ignore[method-assign]
-    assert cut_calls == len(words) - 2  # the first teaches the decoder; the second makes the part's template
+    # The first teaches the decoder (and opens the item); an answer's second makes its part's template.
+    assert cut_calls == len(words) - (2 if key == b"content" else 1)
     assert held == [] and outcome["tokens"] == len(words)
+    kind = "response.output_text.delta" if key == b"content" else "response.reasoning_text.delta"
     deltas = [e for w in writes[1:] for e in _events(w)]
-    assert "".join(e["delta"] for e in deltas if e["type"] == "response.output_text.delta") == b"".join(words).decode()
+    assert "".join(e["delta"] for e in deltas if e["type"] == kind) == b"".join(words).decode()
 
 
 def _events(write: bytes) -> list[dict]:

@@ -22,6 +22,7 @@ class DialectTurn(Protocol):
     # dialect can tell without parsing, as they stand in JSON (quotes, backslashes and control
     # characters excluded); else None. The runner's cut-through (router/turns/cut.py).
     plain_text: Callable[[bytes], bytes | None] | None
+    plain_reasoning: Callable[[bytes], bytes | None] | None  # the same for a piece of reasoning
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         """The worker's request body for one model turn over ``items``."""

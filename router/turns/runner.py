@@ -278,9 +278,9 @@ class ResponseRun:
                 while held:
                     yield held.pop(0)
         else:
-            plain_text = getattr(self._turn, "plain_text", None)
-            cut = (asm.text_cut(plain_text, self.deltas, self._timer, held)
-                   if plain_text is not None and self.deltas is not None else None)
+            plain_text, plain_reasoning = getattr(self._turn, "plain_text", None), getattr(self._turn, "plain_reasoning", None)
+            cut = (asm.text_cut(plain_text, plain_reasoning, self.deltas, self._timer, held)
+                   if plain_text is not None and plain_reasoning is not None and self.deltas is not None else None)
             async for _ in stream.push(on_batch, payloads, cut):
                 while held:
                     yield held.pop(0)
