@@ -221,7 +221,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         flow = cycle.flow
         fixed = len(pre) + len(mid) + len(post)
 
-        def write(text: bytes, number: int) -> bool:
+        def write(text: bytes, number: int) -> bool:  # chunk_writer's test and write, repeated: no call more per token
             if not cycle.chunked_encoding or cycle.response_complete or cycle.disconnected or flow.write_paused:
                 return False
             digits = b"%d" % number
