@@ -20,7 +20,7 @@ class DialectTurn(Protocol):
     decode: Callable[[bytes], Any] | None
     # The bytes of the answer text of a payload that is nothing but a piece of it, when the
     # dialect can tell without parsing, as they stand in JSON (quotes, backslashes and control
-    # characters excluded); else None. The runner's cut-through (router/turns/cut.py).
+    # characters excluded); else None. The runner's cut-through (``Assembler.text_cut``).
     plain_text: Callable[[bytes], bytes | None] | None
     plain_reasoning: Callable[[bytes], bytes | None] | None  # the same for a piece of reasoning
 
