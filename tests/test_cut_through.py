@@ -83,9 +83,23 @@ async def _serve(reads: list[tuple[bytes, bool]], cut: bool) -> tuple[list[bytes
             protocol, scope, *delta_parts(event)), timer, held)
     socket.writes.append(encode_events(asm.start()))
     pushing = SSEStream(conn).push(on_batch, turn.decode, text_cut)
-    consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
+    loop = asyncio.get_running_loop()
+    consumer = loop.create_task(pushing.__anext__())
     await asyncio.sleep(0)
     for data, paused in reads:
+        if conn.paused:  # the socket drains: the runner sends the held batches, and reading resumes
+            flow.write_paused = False
+            for _ in range(10):
+                if consumer.done():
+                    break
+                await asyncio.sleep(0)
+            if not consumer.done() or consumer.exception() is not None:
+                break
+            while held:  # as uvicorn frames an ASGI body message
+                sent = encode_events(held.pop(0))
+                socket.writes.append(b"%x\r\n%s\r\n" % (len(sent), sent))
+            consumer = loop.create_task(pushing.__anext__())
+            await asyncio.sleep(0)
         flow.write_paused = paused
         conn.data_received(data)
         if conn.error is not None:
@@ -186,6 +200,38 @@ def test_most_reads_of_a_paced_stream_take_the_cut(key: bytes) -> None:
     kind = "response.output_text.delta" if key == b"content" else "response.reasoning_text.delta"
     deltas = [e for w in writes[1:] for e in _events(w)]
     assert "".join(e["delta"] for e in deltas if e["type"] == kind) == b"".join(words).decode()
+
+
+def test_the_cut_gives_way_while_the_socket_is_backed_up_and_takes_over_after() -> None:
+    """Reads 6 to 8 find the client's socket backed up: their events are held (the cut refuses,
+    nothing written), the runner sends them once it drains, and the cut takes the reads after."""
+    reads = []
+    for i in range(16):
+        frame = b"data: " + HEAD + b'" w%d"' % i + TAIL + b"\n\n"
+        reads.append((b"%x\r\n%s\r\n" % (len(frame), frame), 6 <= i <= 8))
+    taken: list[int] = []
+    original = Assembler.text_cut
+
+    def watched(self: Assembler, *args: Any) -> Any:
+        cut = original(self, *args)
+
+        def watching(payload: bytes) -> bool:
+            if cut(payload):
+                taken.append(int(payload.split(b'" w')[1].split(b'"')[0]))
+                return True
+            return False
+        return watching
+
+    Assembler.text_cut = watched  # type: ignore[method-assign]
+    try:
+        with_cut = asyncio.run(_serve(reads, cut=True))
+    finally:
+        Assembler.text_cut = original  # type: ignore[method-assign]
+    assert taken == [2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15]
+    assert _normalized(with_cut) == _normalized(asyncio.run(_serve(reads, cut=False)))
+    writes, held, outcome = with_cut
+    deltas = [e["delta"] for w in writes[1:] for e in _events(w) if e["type"] == "response.output_text.delta"]
+    assert deltas == [" w%d" % i for i in range(16)] and held == [] and outcome["tokens"] == 16
 
 
 def _events(write: bytes) -> list[dict]:
