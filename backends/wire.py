@@ -85,10 +85,11 @@ class Connection(asyncio.Protocol):
             if 0 < end < 9 and data[0] != 48 and data[-2:] == b"\r\n" and data[:end].isalnum():
                 try:
                     size = int(data[:end], 16)
-                except ValueError:
-                    size = 0
-                if len(data) == end + size + 4 and cut(data[end + 2:-2]):
-                    return
+                except ValueError:  # not hex: the parser says so
+                    pass
+                else:
+                    if len(data) == end + size + 4 and cut(data[end + 2:-2]):
+                        return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:

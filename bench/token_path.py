@@ -113,8 +113,12 @@ def dialect_turn(req: Any, tools: Any, harmony: Any) -> Any:
     return HarmonyTurn(req, tools, harmony, engine="vllm", context_length=None, request_id="resp_1", model="m")
 
 
-async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut: bool = False) -> list[bytes]:
-    """Runs ``n`` tokens through the path; returns what reached the client's socket."""
+def path(encoding: Any = None, cut: bool = True) -> SimpleNamespace:
+    """The per-token path's real objects over stand-in sockets, the worker's answer head read:
+    ``conn`` takes the worker's reads, ``socket.writes`` what reached the client, ``flow.write_paused``
+    backs the client's socket up; ``pushing`` is the push reader, not started. A chat pool's turn,
+    or with an ``encoding`` a harmony one's; with ``cut``, the cut-through where the tree has one.
+    Also tests/test_cut_through.py's."""
     from backends.client import SSEStream
     from backends.wire import Connection
     from router.api.server import RouterHttpProtocol
@@ -127,12 +131,13 @@ async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut:
     from router.turns.runner import reader
 
     socket = Socket()
+    flow = SimpleNamespace(write_paused=False)
     protocol: Any = SimpleNamespace(
-        cycle=SimpleNamespace(chunked_encoding=True, response_complete=False, disconnected=False,
-                              flow=SimpleNamespace(write_paused=False), scope={}),
+        cycle=SimpleNamespace(chunked_encoding=True, response_complete=False, disconnected=False, flow=flow, scope={}),
         raw=socket, transport=SimpleNamespace(held=None))
+    scope = protocol.cycle.scope
     if hasattr(RouterHttpProtocol, "chunk_writer"):
-        direct = RouterHttpProtocol.chunk_writer(protocol, protocol.cycle.scope, encode_events)
+        direct = RouterHttpProtocol.chunk_writer(protocol, scope, encode_events)
     else:  # revisions before the chunk writer
         write = RouterHttpProtocol.write_chunk.__get__(protocol)  # type: ignore[attr-defined]
         direct = lambda events: write(encode_events(events))  # noqa: E731
@@ -143,26 +148,33 @@ async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut:
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     req = CreateResponse(model="m", input="hi")
     tools = build_toolset([], "auto")
-    asm = Assembler(response_object(req, response_id="resp_1", created_at=1), tools=tools)
-    encoding = harmony_encoding() if harmony else None
+    asm = Assembler(response_object(req, response_id="resp_" + "ab" * 24, created_at=1), tools=tools)
     turn = dialect_turn(req, tools, encoding)
     timer = RouterMetrics().timer("m", "arm", "pool")
     held: list[Any] = []
     on_batch = reader(asm, turn, timer, direct, held)
     sse = SSEStream(conn)
-    if hasattr(asm, "text_cut") and getattr(turn, "plain_text", None) is not None and not no_cut:
+    if cut and hasattr(asm, "text_cut") and getattr(turn, "plain_text", None) is not None:
         from router.api.sse import delta_parts
-        cut = asm.text_cut(turn.plain_text, turn.plain_reasoning, lambda event: RouterHttpProtocol.delta_writer(
-            protocol, protocol.cycle.scope, *delta_parts(event)), timer, held)
-        pushing = sse.push(on_batch, turn.decode, cut)
+        text_cut = asm.text_cut(turn.plain_text, turn.plain_reasoning, lambda event: RouterHttpProtocol.delta_writer(
+            protocol, scope, *delta_parts(event)), timer, held)
+        pushing = sse.push(on_batch, turn.decode, text_cut)
     else:
         pushing = sse.push(on_batch, turn.decode) if getattr(turn, "decode", None) else sse.push(on_batch)
-    consumer = asyncio.get_running_loop().create_task(pushing.__anext__())
+    return SimpleNamespace(socket=socket, flow=flow, conn=conn, asm=asm, turn=turn, timer=timer, held=held,
+                           pushing=pushing)
+
+
+async def stream(n: int, reasoning: bool = False, harmony: bool = False, no_cut: bool = False) -> list[bytes]:
+    """Runs ``n`` tokens through the path; returns what reached the client's socket."""
+    encoding = harmony_encoding() if harmony else None
+    p = path(encoding, cut=not no_cut)
+    consumer = asyncio.get_running_loop().create_task(p.pushing.__anext__())
     await asyncio.sleep(0)  # the reader is attached and waiting
     reads = harmony_frames(n, encoding) if encoding is not None else frames(n, reasoning)
-    list(map(conn.data_received, reads))  # callgrind counts inside map's calls only
+    list(map(p.conn.data_received, reads))  # callgrind counts inside map's calls only
     consumer.cancel()
-    return socket.writes
+    return p.socket.writes
 
 
 def run(n: int, reasoning: bool = False, harmony: bool = False) -> list[bytes]:

@@ -20,18 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.client import SSEStream
-from bench.token_path import Socket, Worker
 from backends.wire import Connection
-from router.api.server import RouterHttpProtocol
+from bench.token_path import Worker, path
 from router.api.sse import delta_parts, encode_events
-from router.dialects.chat import ChatOptions, ChatTurn
-from router.metrics import RouterMetrics
-from router.protocol.requests import CreateResponse
-from router.protocol.shapes import response_object
-from router.protocol.tools import build_toolset
 from router.turns.assembler import Assembler
-from router.turns.runner import reader
 
 HEAD = (b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1795979290,"model":"m",'
         b'"choices":[{"index":0,"delta":{"content":')
@@ -58,31 +50,10 @@ def test_delta_parts_put_together_are_the_encoded_event(text: str, number: int, 
 async def _serve(reads: list[tuple[bytes, bool]], cut: bool) -> tuple[list[bytes], list[list[dict]], dict[str, Any]]:
     """``reads`` (bytes, the client's socket backed up) through the path; the client's writes, the
     batches held for the ASGI send, and the response once the turn is closed."""
-    socket = Socket()
-    flow = SimpleNamespace(write_paused=False)
-    protocol: Any = SimpleNamespace(
-        cycle=SimpleNamespace(chunked_encoding=True, response_complete=False, disconnected=False, flow=flow, scope={}),
-        raw=socket, transport=SimpleNamespace(held=None))
-    scope = protocol.cycle.scope
-    direct = RouterHttpProtocol.chunk_writer(protocol, scope, encode_events)
-    conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker"))  # type: ignore[arg-type]
-    conn.connection_made(Worker())  # type: ignore[arg-type]
-    conn.active = True
-    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-    req = CreateResponse(model="m", input="hi")
-    tools = build_toolset([], "auto")
-    response = response_object(req, response_id="resp_" + "ab" * 24, created_at=1)
-    asm = Assembler(response, tools=tools)
-    turn = ChatTurn(req, tools, ChatOptions(), model="m", path="/v1/chat/completions")
-    timer = RouterMetrics().timer("m", "arm", "pool")
-    held: list[list[dict]] = []
-    on_batch = reader(asm, turn, timer, direct, held)
-    text_cut = None
-    if cut:
-        text_cut = asm.text_cut(turn.plain_text, turn.plain_reasoning, lambda event: RouterHttpProtocol.delta_writer(
-            protocol, scope, *delta_parts(event)), timer, held)
+    p = path(cut=cut)
+    socket, flow, conn, asm, turn, timer, held, pushing = (p.socket, p.flow, p.conn, p.asm, p.turn, p.timer, p.held,
+                                                          p.pushing)
     socket.writes.append(encode_events(asm.start()))
-    pushing = SSEStream(conn).push(on_batch, turn.decode, text_cut)
     loop = asyncio.get_running_loop()
     consumer = loop.create_task(pushing.__anext__())
     await asyncio.sleep(0)
