@@ -136,6 +136,7 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
     import uvicorn
 
     from backends.launcher import LaunchError
+    from router.api.connections import ConnectionLimits, connection_cap
     from router.api.server import RouterHttpProtocol
     from router.api.ws_protocol import RouterWebSocketProtocol
     from router.app import build
@@ -155,16 +156,20 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
             print(f"responses-router: start-up failed: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
         settle_heap()
+        limits = ConnectionLimits(header_timeout_s=config.server.header_timeout_s,
+                                  body_timeout_s=config.server.body_timeout_s,
+                                  max_connections=connection_cap(config.server.max_connections))
         server = _Server(
             uvicorn.Config(
                 # proxy_headers off: nothing here reads the client's address, and it is one ASGI layer per request
-                router.app, host=host, port=port, http=RouterHttpProtocol, ws=RouterWebSocketProtocol, lifespan="off",
+                router.app, host=host, port=port, http=RouterHttpProtocol.with_limits(limits), ws=RouterWebSocketProtocol, lifespan="off",
                 access_log=False,
                 proxy_headers=False,
                 log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,
             )
         )
-        log.info("serving models %s on http://%s:%d/v1", ", ".join(m.name for m in config.models), host, port)
+        log.info("serving models %s on http://%s:%d/v1 (at most %d connections)",
+                 ", ".join(m.name for m in config.models), host, port, limits.max_connections)
         await server.serve()
     finally:
         await router.shutdown()

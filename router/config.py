@@ -27,6 +27,13 @@ class ServerConfig(_Section):
     # On SIGTERM, requests running get this long to finish; then a stream ends with error +
     # response.failed (code router_stopped, stored failed) and a create answers 503.
     shutdown_grace_s: float = Field(10.0, ge=0, le=3600)
+    # A request's head must arrive within header_timeout_s of the connection (or of its first
+    # byte after an idle keep-alive), its body within body_timeout_s of the head: else 408, closed.
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    # Open connections at most; past it the one waiting longest for its client is closed.
+    # Default: what the file-descriptor limit allows (half of it, the rest for worker calls).
+    max_connections: int | None = Field(None, ge=1)
 
 
 class StoreConfig(_Section):

@@ -100,6 +100,13 @@ def _die_with_pytest() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, _signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _limit_files(nofile: int) -> None:
+    import resource
+
+    _die_with_pytest()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+
 def sim_pool_toml(*, name: str = "sim", model: str = "sim-model", replicas: int = 2, extra_args: str = "[]") -> str:
     first, last = free_range()
     return f"""
@@ -117,8 +124,9 @@ log_dir = "logs"
 
 
 def start_router(tmp: Path, body: str, *, server: str = "", store: str = '[store]\npath = "responses.db"\n',
-                 wait: bool = True) -> RouterProcess:
-    """Write ``cfg.toml`` into ``tmp`` and start ``python -m router --config`` on a free port."""
+                 wait: bool = True, nofile: int | None = None) -> RouterProcess:
+    """Write ``cfg.toml`` into ``tmp`` and start ``python -m router --config`` on a free port
+    (with at most ``nofile`` file descriptors, when given)."""
     port = free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "cfg.toml"
@@ -127,7 +135,7 @@ def start_router(tmp: Path, body: str, *, server: str = "", store: str = '[store
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "--config", str(config)],
         cwd=ROOT, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=_die_with_pytest,
+        preexec_fn=_die_with_pytest if nofile is None else lambda: _limit_files(nofile),
     )
     router = RouterProcess(proc, port, tmp, log_path)
     if wait:

@@ -26,6 +26,10 @@ False, encoding nothing, and the caller sends the item through ASGI, which
 waits for the socket. ``router.delta_writer`` gives the same for the frames of one
 delta event made from a text and a number, with no event and no encoder (the
 runner's cut-through of a streamed token, ``Assembler.text_cut``).
+
+Every connection is held to the deadlines and the cap of router/api/connections.py:
+a request's head and body must arrive in time, and past ``max_connections`` the
+connection that has waited longest for its client makes room.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from router.api.coalesce import HeadHoldingTransport
+from router.api.connections import ConnectionGuard, ConnectionLimits, Phase, refusal
 from router.api.fastpath import HotRoute, answer, refused_body
 from router.api.http import Body, declared_length, error_body, too_large
-from router.protocol.errors import internal_error
+from router.protocol.errors import APIError, internal_error
 from router.protocol.ids import request_id
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -47,6 +52,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # connection closes anyway (nginx's lingering_time is 30 s too). A pause of more than the
 # keep-alive timeout (5 s) in the client's sending ends it sooner.
 LINGER_S = 30.0
+# A connection refused past the cap gets its 503 at once and is closed this much later (its
+# request, arriving meanwhile, is read and dropped, so the close does not reset the answer away).
+REFUSED_LINGER_S = 1.0
 
 
 class LingeringTransport(HeadHoldingTransport):
@@ -67,19 +75,96 @@ class LingeringTransport(HeadHoldingTransport):
 class RouterHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a HeadHoldingTransport, with hot routes."""
 
+    limits = ConnectionLimits()  # the server's own, set by ``with_limits``
+
+    @classmethod
+    def with_limits(cls, limits: ConnectionLimits) -> type[RouterHttpProtocol]:
+        """The protocol class a server with these deadlines and this cap gives uvicorn."""
+        return type(cls.__name__, (cls,), {"limits": limits})
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Looked up by the request target's exact bytes: a query string, or any other
         # spelling of the path, goes the ASGI way (where the same handler answers).
         self.hot: dict[bytes, HotRoute] = getattr(self.app, "hot_by_target", None) or {}
+        state = self.server_state  # one guard per server, shared by its connections
+        guard = getattr(state, "connection_guard", None)
+        if guard is None:
+            guard = state.connection_guard = ConnectionGuard(self.limits)  # type: ignore[attr-defined]
+        self.guard: ConnectionGuard = guard
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.raw = transport  # the socket's own transport, for stream chunks
         self._lingering: asyncio.TimerHandle | None = None
         self._shutting_down = False
+        admitted = self.guard.admit(len(self.connections))
         super().connection_made(LingeringTransport(transport, self.loop, self._linger))  # type: ignore[arg-type]
+        if admitted:
+            self.guard.expect(self, "head", self.loop)
+        else:
+            self._refuse()
+
+    def _refuse(self) -> None:
+        """Past the cap with every connection busy: 503 now, the connection closed soon after."""
+        self._refused = True
+        cap = self.guard.limits.max_connections
+        error = APIError(f"The router has too many open connections ({cap}); try again shortly.", status=503,
+                         code="too_many_connections")
+        self.raw.write(refusal(error, self.server_state.default_headers))
+        if self.raw.can_write_eof():
+            self.raw.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.raw.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def read_timed_out(self, phase: Phase) -> None:
+        """The guard's deadline for this request's head or body passed: 408, and the connection closes."""
+        cycle = self.cycle
+        if self.flow.read_paused or (phase == "body" and cycle is not None and cycle.waiting_for_100_continue):
+            self.guard.expect(self, phase, self.loop)  # the router, not the client, holds the reading: a new term
+            return
+        if phase == "head" and cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # the answer being made on this connection closes it when it is done
+            return
+        limit = self.limits.header_timeout_s if phase == "head" else self.limits.body_timeout_s
+        what = "head" if phase == "head" else "body"
+        self._end(phase, APIError(f"The request's {what} did not arrive within {limit:g} s.", status=408,
+                                  type="invalid_request_error", code="request_timeout"))
+
+    def evict(self, phase: Phase) -> None:
+        """Make room past the cap: this connection waited longest for its client."""
+        self._end(phase, APIError("The router has too many open connections and closed this one, which "
+                                  "waited longest for its request.", status=503, code="too_many_connections"))
+
+    def _end(self, phase: Phase, error: APIError) -> None:
+        """Close now, with ``error`` as the answer when the request waited for has none yet."""
+        cycle = self.cycle
+        if phase == "head":
+            answer_now = cycle is None or cycle.response_complete
+        else:
+            answer_now = phase == "body" and cycle is not None and not cycle.response_started
+        if answer_now:
+            self.transport.write_chunk(refusal(error, self.server_state.default_headers))  # type: ignore[attr-defined]
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # a handler reading the body gets a disconnect; its answer goes nowhere
+            cycle.message_event.set()
+        self.transport.linger = None  # type: ignore[attr-defined]  # a close now is a close now
+        self.transport.close()
+
+    def handle_websocket_upgrade(self) -> None:
+        self.guard.served(self)  # the WebSocket protocol keeps its own time
+        super().handle_websocket_upgrade()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None and self.guard.phase(self) is None:
+            self.guard.expect(self, "idle", self.loop)  # kept alive: first in line to make room past the cap
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.served(self)
         self.transport.linger = None  # type: ignore[attr-defined]  # the protocol <-> transport cycle ends here
         if self._lingering is not None:
             self._lingering.cancel()
@@ -115,10 +200,13 @@ class RouterHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self.guard.phase(self) != "head":  # after an idle keep-alive: the head's term starts with its first byte
+            self.guard.expect(self, "head", self.loop)
         self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer,  # type: ignore[typeddict-unknown-key]
                                     "router.delta_writer": self.delta_writer}
 
     def on_headers_complete(self) -> None:
+        self.guard.expect(self, "body", self.loop)
         route = self.hot.get(self.url)
         parser = self.parser
         if route is None or parser.get_method() != b"POST" or parser.should_upgrade() or self.limit_concurrency:
@@ -158,6 +246,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
             self._start_hot(cycle)
 
     def on_message_complete(self) -> None:
+        self.guard.served(self)
         cycle = self.cycle
         if type(cycle) is not HotCycle:
             super().on_message_complete()
