@@ -16,19 +16,21 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.errors import (WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerStreamError,
-                             WorkerUnavailable)
-from backends.wire import Connection, Wire
+from backends.errors import (WorkerAnswerTooLarge, WorkerError, WorkerHTTPError, WorkerStreamBroken,
+                             WorkerStreamError, WorkerUnavailable)
+from backends.wire import Connection, Wire, WireLimits
 
 __all__ = ["RawAnswer", "SSEStream", "WorkerClient", "WorkerError", "WorkerHTTPError", "WorkerStreamBroken",
-           "WorkerStreamError", "WorkerUnavailable"]
+           "WorkerStreamError", "WorkerUnavailable", "WireLimits"]
 
 
 class WorkerClient:
-    def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0) -> None:
+    def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0,
+                 limits: WireLimits | None = None) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
-        self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self.limits = limits or WireLimits()
+        self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=self.limits)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
@@ -79,7 +81,7 @@ class WorkerClient:
             except WorkerStreamBroken:
                 raw = b""
             raise WorkerHTTPError(conn.status, _decode(raw))
-        return SSEStream(conn)
+        return SSEStream(conn, self.limits.max_frame_bytes)
 
     async def relay(self, url: str, data: bytes) -> RawAnswer:
         """POST bytes as they came and hand back the answer unparsed (passthrough routes)."""
@@ -117,10 +119,14 @@ class SSEStream:
     instructions per streamed token).
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, max_frame_bytes: int = WireLimits.max_frame_bytes) -> None:
         self._conn = conn
         self._gen = conn.gen
-        self._buffer = b""
+        # The reads of a frame not yet ended, kept apart until one ends it: joined once then, so a
+        # frame that comes in many reads costs its length, not its length times its reads.
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._max_frame = max_frame_bytes
         self._done = False  # [DONE] seen
         self._error: WorkerStreamError | None = None  # an error frame, raised after the frames before it
         # How a payload becomes a batch element: orjson.loads, or a reader's own decoder that gives
@@ -147,9 +153,22 @@ class SSEStream:
             # A paced stream's every read: one whole frame of one data line.
             payloads: list[bytes | None] = [data[6:-2].rstrip(b"\r")]
         else:
-            buffer = self._buffer + data if self._buffer else data
+            pending = self._buffer
+            if pending:
+                if data.find(b"\n\n") < 0 and not (pending[-1][-1:] == b"\n" and data[:1] == b"\n"):
+                    pending.append(data)  # the frame goes on: nothing to split yet
+                    self._buffered += len(data)
+                    self._check_frame(self._buffered)
+                    return []
+                pending.append(data)
+                buffer = b"".join(pending)
+            else:
+                buffer = data
             frames = buffer.split(b"\n\n")
-            self._buffer = frames.pop()
+            rest = frames.pop()
+            self._buffer = [rest] if rest else []
+            self._buffered = len(rest)
+            self._check_frame(max(self._buffered, *map(len, frames)) if frames else self._buffered)
             payloads = [_data(frame) for frame in frames]
         batch = []
         decode = self._decode
@@ -168,6 +187,10 @@ class SSEStream:
                 break
             batch.append(decoded)
         return batch
+
+    def _check_frame(self, size: int) -> None:
+        if size > self._max_frame:
+            raise WorkerAnswerTooLarge(f"a frame of the stream passed max_frame_bytes ({self._max_frame})")
 
     async def batches(self, decode: Callable[[bytes], Any] | None = None) -> AsyncIterator[list[Any]]:
         """Each read's batch, read by the reader's task; ``decode`` as for ``push``."""

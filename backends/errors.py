@@ -30,6 +30,25 @@ class WorkerHTTPError(WorkerError):
                 return err["message"]
         return str(body)[:500] or f"worker answered {self.status}"
 
+    @property
+    def says_bad_request(self) -> bool:
+        """The engine's error body calls the request bad (its type or code), whatever the status."""
+        body = self.body
+        err = body.get("error", body) if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            return False
+        return err.get("type") in ("BadRequestError", "invalid_request_error") or err.get("code") in (400, "400")
+
+
+class WorkerRequestFailed(WorkerHTTPError):
+    """Two workers answered the same request with a 5xx error: a failure that follows the request
+    from worker to worker is the request's (a body that crashes the engine), not the workers'. It is
+    not retried further and counts against no circuit, so requests cannot shut a pool."""
+
+    def __init__(self, status: int, body: Any, workers: int) -> None:
+        super().__init__(status, body)
+        self.workers = workers
+
 
 class WorkerStreamBroken(WorkerError):
     """The request went out and its answer broke off or never came (connection closed or reset,
@@ -42,3 +61,12 @@ class WorkerStreamError(WorkerStreamBroken):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class WorkerTimedOut(WorkerStreamBroken):
+    """The answer did not begin within the first-byte timeout, or stopped for the read timeout."""
+
+
+class WorkerAnswerTooLarge(WorkerStreamBroken):
+    """The worker's answer, or one frame of its stream, passed the pool's size limit
+    (``max_answer_bytes`` / ``max_frame_bytes``): the answer is dropped, never buffered on."""

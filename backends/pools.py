@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from backends.client import WorkerClient, WorkerUnavailable
+from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from policies.balance import Balancer
 
@@ -100,8 +100,9 @@ class Pool:
 
     @classmethod
     def create(cls, *, name: str, engine: str, model: str, balancer: Balancer, urls: Sequence[str] = (),
-               connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0, health_interval_s: float = 2.0) -> Pool:
-        client = WorkerClient(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+               connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0, health_interval_s: float = 2.0,
+               limits: WireLimits | None = None) -> Pool:
+        client = WorkerClient(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=limits)
         pool = cls(name=name, engine=ENGINES[engine], model=model, balancer=balancer, client=client,
                    health_interval_s=health_interval_s)
         pool.workers = [Worker(url.rstrip("/")) for url in urls]

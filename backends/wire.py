@@ -14,20 +14,36 @@ WorkerUnavailable; a connection lost or a read timeout after the request went
 out is WorkerStreamBroken. A kept-alive connection the worker closed while idle
 is the one exception: nothing came back on it, so the request goes once more
 on a fresh connection.
+
+Limits (``WireLimits``, per pool): an answer read whole stops at ``max_answer_bytes``
+(a Content-Length above it is refused before any of the body is read) and a stream's
+first body byte must come within ``first_byte_timeout_s`` (a hung worker fails the
+call then, not after the read timeout); both are WorkerStreamBroken: WorkerAnswerTooLarge
+and WorkerTimedOut.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
 
-from backends.errors import WorkerStreamBroken, WorkerUnavailable
+from backends.errors import WorkerAnswerTooLarge, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
 
 HIGH_WATER = 1 << 20  # body bytes buffered before the socket stops being read
 MAX_IDLE = 512  # idle connections kept per worker
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What one worker answer may take: its bytes, one stream frame's bytes, the wait for a stream's first byte."""
+
+    max_answer_bytes: int = 64 << 20
+    max_frame_bytes: int = 8 << 20
+    first_byte_timeout_s: float | None = 60.0
 
 
 class Connection(asyncio.Protocol):
@@ -55,6 +71,9 @@ class Connection(asyncio.Protocol):
         self.boundary = False  # the parser is between two chunks of a chunked body
         self.status = 0
         self.content_type = "application/json"
+        self.length = -1  # Content-Length, when the answer has one
+        self.got_body = False
+        self.first_byte_by: float | None = None  # a stream's first body byte must come by then
         self.chunks: list[bytes] = []
         self.buffered = 0
         self.complete = False
@@ -119,6 +138,8 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 12 and name.lower() == b"content-type":
             self.content_type = value.decode("latin-1")
+        elif len(name) == 14 and name.lower() == b"content-length" and value.isdigit():
+            self.length = int(value)
 
     def on_chunk_header(self) -> None:
         self.boundary = False
@@ -129,9 +150,14 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.headers_done = True
+        limit = self.pool.limits.max_answer_bytes
+        if self.length > limit:
+            self._fail(WorkerAnswerTooLarge(f"the answer's {self.length} bytes pass max_answer_bytes ({limit})"))
+            self.abort()
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.got_body = True
         self.chunks.append(body)
         if self.sink is not None:
             return  # data_received hands the read to the sink once the parser is done with it
@@ -152,12 +178,16 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- request side
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, first_byte_timeout_s: float | None = None) -> None:
         self._begin()
         self.gen += 1
         self.active = True
-        self.last_read = self.loop.time()
-        self._timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._watch)
+        self.last_read = now = self.loop.time()
+        due = now + self.pool.read_timeout_s
+        if first_byte_timeout_s is not None:
+            self.first_byte_by = now + first_byte_timeout_s
+            due = min(due, self.first_byte_by)
+        self._timer = self.loop.call_at(due, self._watch)
         assert self.transport is not None
         self.transport.write(data)
 
@@ -168,13 +198,23 @@ class Connection(asyncio.Protocol):
         now = self.loop.time()
         if self.paused:  # the reader is slow, not the worker
             self.last_read = now
+        first_byte_by = self.first_byte_by
+        if first_byte_by is not None and self.got_body:
+            first_byte_by = self.first_byte_by = None
+        if first_byte_by is not None and now >= first_byte_by:
+            self.timed_out = True
+            waited = self.pool.limits.first_byte_timeout_s
+            self._fail(WorkerTimedOut(f"no answer began within {waited:g} s (first_byte_timeout_s)"))
+            self.abort()
+            return
         idle = now - self.last_read
         if idle >= self.pool.read_timeout_s:
             self.timed_out = True
-            self._fail(WorkerStreamBroken(f"{self.pool.origin}: no data for {self.pool.read_timeout_s:g} s"))
+            self._fail(WorkerTimedOut(f"no data for {self.pool.read_timeout_s:g} s (read_timeout_s)"))
             self.abort()
             return
-        self._timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._watch)
+        due = self.last_read + self.pool.read_timeout_s
+        self._timer = self.loop.call_at(due if first_byte_by is None else min(due, first_byte_by), self._watch)
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -232,16 +272,23 @@ class Connection(asyncio.Protocol):
         """The whole body; the connection goes back to the pool."""
         gen = self.gen
         parts: list[bytes] = []
+        size, limit = 0, self.pool.limits.max_answer_bytes
         try:
             while not self.complete:
                 if self.paused:  # a body over the high-water mark: keep it here, let the socket go on
                     parts.append(self.take())
+                    size += len(parts[-1])
+                    if size > limit:
+                        raise WorkerAnswerTooLarge(f"the answer passed max_answer_bytes ({limit})")
                 await self.wait()
         except BaseException:
             self.abort()
             raise
         if self.chunks:
             parts.append(self.take())
+            if size + len(parts[-1]) > limit:
+                self.abort()
+                raise WorkerAnswerTooLarge(f"the answer passed max_answer_bytes ({limit})")
         self.finish(gen)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -293,8 +340,9 @@ class HostPool:
     """Idle keep-alive connections to one worker, last in first out."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, *,
-                 connect_timeout_s: float, read_timeout_s: float) -> None:
+                 connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None) -> None:
         self.loop = loop
+        self.limits = limits or WireLimits()
         self.host, self.port = host, port
         self.origin = f"http://{host}:{port}"
         self.connect_timeout_s = connect_timeout_s
@@ -332,9 +380,10 @@ class HostPool:
 class Wire:
     """Connection pools per worker origin, and requests with prebuilt heads."""
 
-    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.limits = limits or WireLimits()
         self._pools: dict[tuple[str, int], HostPool] = {}
         self._heads: dict[tuple[str, bool], tuple[HostPool, bytes]] = {}
 
@@ -349,7 +398,7 @@ class Wire:
         if pool is None:
             pool = self._pools[(host, port)] = HostPool(
                 asyncio.get_running_loop(), host, port,
-                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s)
+                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s, limits=self.limits)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         accept = "Accept: text/event-stream\r\n" if sse else ""
         head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
@@ -366,7 +415,7 @@ class Wire:
         data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         while True:
             conn, reused = await pool.acquire()
-            conn.send(data)
+            conn.send(data, self.limits.first_byte_timeout_s if sse else None)
             try:
                 await (conn.until_complete() if whole else conn.headers())
             except WorkerStreamBroken:

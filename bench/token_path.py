@@ -142,7 +142,10 @@ def path(encoding: Any = None, cut: bool = True) -> SimpleNamespace:
         write = RouterHttpProtocol.write_chunk.__get__(protocol)  # type: ignore[attr-defined]
         direct = lambda events: write(encode_events(events))  # noqa: E731
 
-    conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker"))  # type: ignore[arg-type]
+    from backends import wire
+    limits = wire.WireLimits() if hasattr(wire, "WireLimits") else None  # revisions before the limits: none
+    conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker",  # type: ignore[arg-type]
+                                      limits=limits))
     conn.connection_made(Worker())  # type: ignore[arg-type]
     conn.active = True
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")

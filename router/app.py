@@ -16,6 +16,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
+from backends.client import WireLimits
 from backends.launcher import ManagedWorker, WorkerSpec, free_ports, start_workers
 from backends.pools import Pool, Worker
 from policies.affinity import Affinity
@@ -30,7 +31,7 @@ from router.api.meta import MetaAPI
 from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
 from router.api.websocket import ResponsesWebSocket
-from router.config import Config, ConfigError, PoolConfig
+from router.config import STOP_MARGIN_S, Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
 from router.metrics import RouterMetrics
 from router.protocol.sealing import make_sealer
@@ -55,6 +56,7 @@ class RouterApp:
     background: BackgroundRuns
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _stopping: asyncio.Future[None] | None = None
 
     async def startup(self) -> None:
         await self.store.open()
@@ -80,18 +82,30 @@ class RouterApp:
             except Exception:  # keep purging whatever one round did
                 log.exception("store: purge failed")
 
-    async def shutdown(self) -> None:
+    def begin_stop(self) -> None:
+        """The stop began (SIGTERM): background responses get the grace along with the requests, not after."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.background.stop(self.config.server.shutdown_grace_s, STOP_MARGIN_S))
+
+    async def shutdown(self, deadline: float | None = None) -> None:
+        """Stop everything; managed workers get what is left until ``deadline`` (loop time) before SIGKILL."""
         for task in self._tasks:
             task.cancel()
-        await self.background.stop(self.config.background.drain_s)
+        self.begin_stop()
+        assert self._stopping is not None
+        await self._stopping
         for pool in self.pools.values():
             for worker in pool.workers:
                 worker.healthy = False  # stop routing new requests first
         stops = []
+        loop = asyncio.get_running_loop()
         for cfg in self.config.pools:
             for worker in self.managed.get(cfg.name, ()):
                 assert cfg.managed is not None
-                stops.append(worker.stop(cfg.managed.stop_timeout_s))
+                stop_s = cfg.managed.stop_timeout_s
+                if deadline is not None:
+                    stop_s = max(0.5, min(stop_s, deadline - loop.time()))
+                stops.append(worker.stop(stop_s))
         await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
         await self.store.close()
@@ -128,6 +142,8 @@ def _pool(cfg: PoolConfig) -> Pool:
         name=cfg.name, engine=cfg.engine, model=cfg.model,
         balancer=make_balancer("least_load" if affinity else cfg.policy), urls=cfg.urls,
         connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, health_interval_s=cfg.health_interval_s,
+        limits=WireLimits(max_answer_bytes=cfg.max_answer_bytes, max_frame_bytes=cfg.max_frame_bytes,
+                          first_byte_timeout_s=cfg.first_byte_timeout_s),
     )
     if affinity:
         pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from router.config import ConfigError, load_config
+from router.config import STOP_MARGIN_S, ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,11 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     _run(_serve(config, Path(args.config).resolve().parent, host, port))
 
 
-# After the grace, the stopped requests get this long to say so and be stored before uvicorn cuts them.
-STOP_MARGIN_S = 3.0
-
-
-def _server_class(grace_s: float):  # type: ignore[no-untyped-def]
+def _server_class(grace_s: float, stop_timeout_s: float, on_stop: Any):  # type: ignore[no-untyped-def]
     import uvicorn
 
     from router.turns.runner import STOPPING
@@ -69,15 +65,21 @@ def _server_class(grace_s: float):  # type: ignore[no-untyped-def]
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGTERM after serving, which would skip stopping the workers; handle it instead.
 
-        A stop gives running requests ``grace_s``; then the router stops them itself (their tasks
-        cancelled with STOPPING): a stream ends with ``error`` + ``response.failed``, code
-        ``router_stopped``, stored failed, and a create answers 503. uvicorn's own cancel, which
-        cuts a stream with nothing said (and left it stored as if its client had left), comes
-        STOP_MARGIN_S later, for what is still running then.
+        A stop gives running requests ``grace_s`` (``on_stop`` gives background responses the same,
+        at the same time); then the router stops them itself (their tasks cancelled with STOPPING):
+        a stream ends with ``error`` + ``response.failed``, code ``router_stopped``, stored failed,
+        and a create answers 503. uvicorn's own cancel, which cuts a stream with nothing said (and
+        left it stored as if its client had left), comes STOP_MARGIN_S later, for what is still
+        running then. ``deadline``: when the whole stop must be over (``stop_timeout_s`` after it began).
         """
 
+        deadline: float | None = None
+
         async def shutdown(self, sockets: Any = None) -> None:
-            timer = asyncio.get_running_loop().call_later(grace_s, self._stop_requests)
+            loop = asyncio.get_running_loop()
+            self.deadline = loop.time() + stop_timeout_s
+            on_stop()
+            timer = loop.call_later(grace_s, self._stop_requests)
             try:
                 await super().shutdown(sockets)
             finally:
@@ -137,17 +139,18 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
 
     from backends.launcher import LaunchError
     from router.api.connections import ConnectionLimits, connection_cap
-    from router.api.server import RouterHttpProtocol
-    from router.api.ws_protocol import RouterWebSocketProtocol
+    from router.api.server import RouterHttpProtocol, RouterWebSocketProtocol, require_uvicorn
     from router.app import build
 
     grace_s = config.server.shutdown_grace_s
-    _Server = _server_class(grace_s)
     try:
+        require_uvicorn()
         router = build(config, base_dir)
-    except (ConfigError, ValueError, OSError) as exc:
+    except (ConfigError, ValueError, OSError, RuntimeError) as exc:
         print(f"responses-router: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    _Server = _server_class(grace_s, config.server.stop_timeout_s, router.begin_stop)
+    server = None
     log = logging.getLogger("router")
     try:
         try:
@@ -172,4 +175,4 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
                  ", ".join(m.name for m in config.models), host, port, limits.max_connections)
         await server.serve()
     finally:
-        await router.shutdown()
+        await router.shutdown(server.deadline if server is not None else None)

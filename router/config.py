@@ -17,6 +17,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# After the grace, the requests still running get this long to say so and be stored.
+STOP_MARGIN_S = 2.0
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -24,9 +28,13 @@ class ServerConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # WebSocket connections to /v1/responses are closed (code 1000) after this long.
     websocket_max_age_s: float = Field(3600.0, gt=0)
-    # On SIGTERM, requests running get this long to finish; then a stream ends with error +
-    # response.failed (code router_stopped, stored failed) and a create answers 503.
-    shutdown_grace_s: float = Field(10.0, ge=0, le=3600)
+    # On SIGTERM, requests and background responses running get this long to finish; then a stream
+    # ends with error + response.failed (code router_stopped, stored failed), a create answers 503,
+    # a background response is stored failed. The listening socket closes at once.
+    shutdown_grace_s: float = Field(5.0, ge=0, le=3600)
+    # SIGTERM to exit, all of it: the grace, STOP_MARGIN_S to end what is left and store it, then
+    # managed workers get what remains before SIGKILL. Fits a 10 s stop (docker, systemd's default is 90).
+    stop_timeout_s: float = Field(9.0, gt=0, le=7200)
     # A request's head must arrive within header_timeout_s of the connection (or of its first
     # byte after an idle keep-alive), its body within body_timeout_s of the head: else 408, closed.
     header_timeout_s: float = Field(10.0, gt=0, le=3600)
@@ -34,6 +42,13 @@ class ServerConfig(_Section):
     # Open connections at most; past it the one waiting longest for its client is closed.
     # Default: what the file-descriptor limit allows (half of it, the rest for worker calls).
     max_connections: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _stop_budget(self) -> ServerConfig:
+        if self.shutdown_grace_s + STOP_MARGIN_S > self.stop_timeout_s:
+            raise ValueError(f"shutdown_grace_s ({self.shutdown_grace_s:g}) + {STOP_MARGIN_S:g} s to end what is left "
+                             f"does not fit in stop_timeout_s ({self.stop_timeout_s:g})")
+        return self
 
 
 class StoreConfig(_Section):
@@ -166,6 +181,9 @@ class ChatConfig(_Section):
     think_tags: bool = False
     reasoning_effort_as: Literal["reasoning_effort", "enable_thinking", "thinking", "drop"] = "reasoning_effort"
     accepts_files: bool = False
+    # input_image / input_file URLs are fetched by the ENGINE, not the router (no NetGuard there):
+    # "data_only" refuses any but data: URLs (400) for engines that can reach internal addresses.
+    media_urls: Literal["any", "data_only"] = "any"
 
 
 class PoolConfig(_Section):
@@ -192,6 +210,13 @@ class PoolConfig(_Section):
     connect_timeout_s: float = Field(5.0, gt=0)
     # Longest silence allowed between two reads of a worker's answer.
     read_timeout_s: float = Field(300.0, gt=0)
+    # A streamed answer's first byte (its first token) must come this soon after the call
+    # (prefill and the engine's queue included); None: only read_timeout_s applies.
+    first_byte_timeout_s: float | None = Field(60.0, gt=0)
+    # A worker answer read whole, and one frame of a stream, are cut off past these sizes (502 /
+    # failed): a broken or hostile worker cannot make the router buffer without end.
+    max_answer_bytes: int = Field(64 << 20, ge=1024)
+    max_frame_bytes: int = Field(8 << 20, ge=1024)
 
     @model_validator(mode="after")
     def _workers(self) -> PoolConfig:
@@ -244,8 +269,6 @@ class BackgroundConfig(_Section):
     lease_s: float = Field(30.0, gt=0)
     # How many events one response's replay log keeps (the terminal event always).
     max_events: int = Field(100_000, ge=10)
-    # On shutdown, running background responses get this long to finish before they are failed.
-    drain_s: float = Field(10.0, ge=0)
 
 
 class McpServerConfig(_Section):
@@ -268,9 +291,6 @@ class WebSearchConfig(_Section):
     url: str = Field(min_length=1)
     max_results: int = Field(5, ge=1, le=20)
     timeout_s: float = Field(10.0, gt=0)
-    # Results pointing at loopback or private addresses are dropped (no SSRF through open_page)
-    # unless this is set, e.g. for a search service on the same host in tests.
-    allow_private_results: bool = False
 
 
 class CodeInterpreterConfig(_Section):
@@ -288,6 +308,22 @@ class ToolsConfig(_Section):
     code_interpreter: CodeInterpreterConfig | None = None
     # Model turns one response may take while the router runs tools (protects the pools).
     max_turns: int = Field(8, ge=1, le=64)
+    # Non-public networks (CIDR) that pages a model opens and a request's MCP server_url may reach,
+    # judged on the resolved address; empty: public addresses only. The search API and the MCP
+    # servers named in config are the operator's choice and need no entry. Metadata addresses never.
+    private_networks: list[str] = []
+
+    @field_validator("private_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry)
+            except ValueError as exc:
+                raise ValueError(f"{entry!r}: {exc}") from None
+        return value
 
 
 class HarmonyConfig(_Section):

@@ -1,4 +1,6 @@
-"""A tiny SearXNG-style search server for tests, run in a background thread on 127.0.0.1.
+"""A tiny SearXNG-style search server for tests, run in a background thread on 127.0.0.1 (or another
+loopback address: ``host``). Its results name its pages through ``result_host`` (another name or address
+for the same server, e.g. "vm" from /etc/hosts), after any ``extra_results`` URLs, which come first.
 
 GET /search?q=...&format=json   canned results pointing at this server's pages
     q=http500 -> 500, q=notjson -> an HTML page
@@ -8,11 +10,15 @@ GET /page/image                 a PNG
 GET /page/away                  302 to `redirect_to` (another origin)
 GET /page/hop                   302 to /page/1 (same origin)
 GET /secret                     what must never be fetched; counted in `hits`
+
+Every request's path is counted in ``hits``, its Host header in ``host_headers``; with ``ssl_context``
+it serves HTTPS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections import Counter
 from typing import Any, Self
@@ -30,37 +36,52 @@ PAGE_1 = """<!doctype html><html><head><title>Page one</title><style>body{color:
 
 
 class FakeSearch:
-    def __init__(self, *, redirect_to: str | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, *, redirect_to: str | None = None, host: str = "127.0.0.1", port: int | None = None,
+                 result_host: str | None = None, extra_results: tuple[str, ...] = (),
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.host = host
+        self.port = port if port is not None else free_port()
         self.redirect_to = redirect_to
+        self.result_host = result_host or host
+        self.extra_results = extra_results
+        self.ssl_context = ssl_context
         self.hits: Counter[str] = Counter()
+        self.host_headers: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def result_base(self) -> str:
+        """Where the results say the pages are."""
+        return f"{'https' if self.ssl_context else 'http'}://{self.result_host}:{self.port}"
 
     @property
     def search_url(self) -> str:
         return self.base + "/search"
 
     def results(self) -> list[dict[str, Any]]:
+        base = self.result_base
         return [
-            {"title": "Page  one", "url": self.base + "/page/1", "content": "All about\n fish"},
-            {"title": "Page two", "url": self.base + "/page/2", "content": "More"},
+            *({"title": f"extra {i}", "url": url, "content": ""} for i, url in enumerate(self.extra_results, 1)),
+            {"title": "Page  one", "url": base + "/page/1", "content": "All about\n fish"},
+            {"title": "Page two", "url": base + "/page/2", "content": "More"},
             {"title": "not a web page", "url": "javascript:alert(1)", "content": "x"},
             {"title": "no url"},
-            {"title": "", "url": self.base + "/page/big", "content": None},
-            {"title": "image", "url": self.base + "/page/image", "content": ""},
-            {"title": "away", "url": self.base + "/page/away", "content": ""},
-            {"title": "hop", "url": self.base + "/page/hop", "content": ""},
+            {"title": "", "url": base + "/page/big", "content": None},
+            {"title": "image", "url": base + "/page/image", "content": ""},
+            {"title": "away", "url": base + "/page/away", "content": ""},
+            {"title": "hop", "url": base + "/page/hop", "content": ""},
         ]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         self.hits[path] += 1
+        self.host_headers[request.headers.get("Host", "")] += 1
         if path == "/search":
             q = request.query.get("q", "")
             if q == "http500":
@@ -94,7 +115,8 @@ class FakeSearch:
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None)
             loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
+            loop.run_until_complete(site.start())
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self._runner.cleanup())

@@ -5,8 +5,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import errno
 import os
+import platform
 import shutil
+import signal
 import socket
 import struct
 import sqlite3
@@ -20,6 +23,7 @@ import pytest
 
 from router.tools import code_interpreter as ci_mod
 from router.tools import sandbox as sandbox_mod
+from router.tools import seccomp
 from router.tools.code_interpreter import CodeInterpreter, CodeResult, SandboxLimits
 
 
@@ -32,8 +36,15 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def run(root: Path, code: str, container: str = "c1", **limits: float) -> CodeResult:
-    return asyncio.run(CodeInterpreter(root, SandboxLimits(**limits)).run(code, container))  # type: ignore[arg-type]
+OWNER = "key-1"  # the API key's name a container belongs to
+
+
+def folder(root: Path, container: str, owner: str = OWNER) -> Path:
+    return root / ci_mod._container_key(owner, container)
+
+
+def run(root: Path, code: str, container: str = "c1", owner: str = OWNER, **limits: float) -> CodeResult:
+    return asyncio.run(CodeInterpreter(root, SandboxLimits(**limits)).run(code, container, owner))  # type: ignore[arg-type]
 
 
 def logs(result: CodeResult) -> str:
@@ -42,7 +53,7 @@ def logs(result: CodeResult) -> str:
 
 def sandbox_pids(container: str) -> list[int]:
     """Live processes of the container's uid: after a run there must be none."""
-    uid = ci_mod._sandbox_uid(container)
+    uid = ci_mod._sandbox_uid(ci_mod._container_key(OWNER, container))
     pids = []
     for entry in os.listdir("/proc"):
         try:
@@ -87,11 +98,11 @@ def test_isolation(root: Path) -> None:
 def test_state_persists_per_container(root: Path) -> None:
     async def go() -> list[CodeResult]:
         ci = CodeInterpreter(root, SandboxLimits())
-        write = await ci.run("open('note.txt', 'w').write('kept')", "a")
-        read_same = await ci.run("print(open('note.txt').read())", "a")
-        read_other = await ci.run("import os; print(os.path.exists('note.txt'))", "b")
-        peek = await ci.run(f"print(open({str(root / 'a' / 'note.txt')!r}).read())", "b")
-        await ci.close_container("a")
+        write = await ci.run("open('note.txt', 'w').write('kept')", "a", OWNER)
+        read_same = await ci.run("print(open('note.txt').read())", "a", OWNER)
+        read_other = await ci.run("import os; print(os.path.exists('note.txt'))", "b", OWNER)
+        peek = await ci.run(f"print(open({str(folder(root, 'a') / 'note.txt')!r}).read())", "b", OWNER)
+        await ci.close_container("a", OWNER)
         return [write, read_same, read_other, peek]
 
     write, read_same, read_other, peek = asyncio.run(go())
@@ -99,7 +110,27 @@ def test_state_persists_per_container(root: Path) -> None:
     assert logs(read_same) == "kept\n"
     assert logs(read_other) == "False\n"
     assert "FileNotFoundError" in logs(peek)  # another container's folder is not even in its root
-    assert not (root / "a").exists() and (root / "b").exists()
+    assert not folder(root, "a").exists() and folder(root, "b").exists()
+
+
+def test_the_same_id_under_two_owners_is_two_containers(root: Path) -> None:
+    show = "import os\nprint(os.getuid(), sorted(os.listdir('.')))"
+
+    async def go() -> list[CodeResult]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        await ci.run("open('note.txt', 'w').write('of a')", "project-x", "key-a")
+        seen_by_b = await ci.run(show, "project-x", "key-b")
+        await ci.close_container("project-x", "key-b")  # B closes its own, never A's
+        seen_by_a = await ci.run(show + "\nprint(open('note.txt').read())", "project-x", "key-a")
+        return [seen_by_a, seen_by_b]
+
+    seen_by_a, seen_by_b = asyncio.run(go())
+    uid_a, uid_b = (ci_mod._sandbox_uid(ci_mod._container_key(o, "project-x")) for o in ("key-a", "key-b"))
+    assert uid_a != uid_b
+    assert logs(seen_by_b) == f"{uid_b} []\n"
+    assert logs(seen_by_a) == f"{uid_a} ['note.txt']\nof a\n"
+    assert sorted(os.listdir(root)) == sorted([".newroot", folder(root, "project-x", "key-a").name])  # none named by the id
+    assert folder(root, "project-x", "key-a") != folder(root, "project-x", "key-b")
 
 
 def test_png_comes_back_as_image(root: Path) -> None:
@@ -107,8 +138,8 @@ def test_png_comes_back_as_image(root: Path) -> None:
 
     async def go() -> tuple[CodeResult, CodeResult]:
         ci = CodeInterpreter(root, SandboxLimits())
-        first = await ci.run(f"open('plot.png', 'wb').write({png!r})\nprint('saved')", "c1")
-        again = await ci.run("print('nothing new')", "c1")
+        first = await ci.run(f"open('plot.png', 'wb').write({png!r})\nprint('saved')", "c1", OWNER)
+        again = await ci.run("print('nothing new')", "c1", OWNER)
         return first, again
 
     first, again = asyncio.run(go())
@@ -170,7 +201,7 @@ def test_refuses_without_network_namespace(root: Path, monkeypatch: pytest.Monke
     result = run(root, "open('ran', 'w').close()")
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
     assert "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID" in (result.error or "")
-    assert not (root / "c1" / "ran").exists()
+    assert not (folder(root, "c1") / "ran").exists()
 
 
 def test_memory_hog(root: Path) -> None:
@@ -217,23 +248,23 @@ def test_file_limits(root: Path) -> None:
     assert big.exit_code == 1 and "File too large" in logs(big)
     many = run(root, "for i in range(3):\n    open(f'f{i}', 'wb').write(b'x' * 400_000)", max_files_mb=1)
     assert "over 1 MB" in (many.error or "")
-    assert sorted(os.listdir(root / "c1")) == ["big"]  # this run's files were removed
+    assert sorted(os.listdir(folder(root, "c1"))) == ["big"]  # this run's files were removed
 
 
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a b", "a\n", "x" * 65, ".", "é"])
 def test_bad_container_id(root: Path, bad: str) -> None:
     ci = CodeInterpreter(root, SandboxLimits())
     with pytest.raises(ValueError):
-        asyncio.run(ci.run("print(1)", bad))
+        asyncio.run(ci.run("print(1)", bad, OWNER))
     with pytest.raises(ValueError):
-        asyncio.run(ci.close_container(bad))
+        asyncio.run(ci.close_container(bad, OWNER))
 
 
 def test_cancelled_run_leaves_nothing(root: Path) -> None:
     async def go() -> None:
         ci = CodeInterpreter(root, SandboxLimits(timeout_s=60))
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(ci.run("import time\ntime.sleep(60)", "c1"), 1.5)
+            await asyncio.wait_for(ci.run("import time\ntime.sleep(60)", "c1", OWNER), 1.5)
 
     asyncio.run(go())
     assert sandbox_pids("c1") == []
@@ -242,7 +273,7 @@ def test_cancelled_run_leaves_nothing(root: Path) -> None:
 def test_containers_run_concurrently(root: Path) -> None:
     async def go() -> list[CodeResult]:
         ci = CodeInterpreter(root, SandboxLimits())
-        return await asyncio.gather(*(ci.run(f"print({i})", f"c{i}") for i in range(4)))
+        return await asyncio.gather(*(ci.run(f"print({i})", f"c{i}", OWNER) for i in range(4)))
 
     assert [logs(r) for r in asyncio.run(go())] == ["0\n", "1\n", "2\n", "3\n"]
 
@@ -273,7 +304,7 @@ def test_host_files_are_invisible(root: Path) -> None:
         checkout = Path(__file__).resolve().parents[1]
         paths = ["/etc/hostname", "/etc/shadow", "/etc/hosts", str(host), str(host / "secret.txt"), str(db),
                  str(checkout), str(checkout / "pyproject.toml"), "/work", "/home", "/var", "/sys", "/boot",
-                 str(root), str(root / "c1")]
+                 str(root), str(folder(root, "c1"))]
         out = logs(run(root, probe(paths)))
         assert out.splitlines() == [f"{p} missing" for p in paths]
         assert "host secret" in (host / "secret.txt").read_text()  # it was readable to anyone on the host
@@ -290,8 +321,8 @@ def test_root_holds_only_the_interpreter_and_the_system(root: Path) -> None:
         "    try:\n        open(p, 'w')\n        print('WROTE', p)\n"
         "    except OSError as e:\n        print('read-only', p, e.errno)\n"
     )
-    uid = ci_mod._sandbox_uid("c1")
-    out = logs(asyncio.run(ci.run(code, "c1"))).splitlines()
+    uid = ci_mod._sandbox_uid(ci_mod._container_key(OWNER, "c1"))
+    out = logs(asyncio.run(ci.run(code, "c1", OWNER))).splitlines()
     # The prefixes of an interpreter that lives outside /usr appear as bare paths, nothing beside them.
     under_root = sorted({p.split("/")[2] for p in ci._prefixes if p.startswith("/root/")})
     tops = sorted({"dev", "etc", "mnt", "proc", "tmp", "usr"} | {p.split("/")[1] for p in ci._prefixes}
@@ -333,10 +364,10 @@ def test_tmp_is_private_and_fresh(root: Path) -> None:
         async def go() -> list[CodeResult]:
             ci = CodeInterpreter(root, SandboxLimits(tmp_mb=1))
             write = await ci.run(f"import os\nprint(os.listdir('/tmp'))\nopen('/tmp/{name}', 'w').write('mine')\n"
-                                 f"print(open('/tmp/{name}').read())", "a")
-            again = await ci.run("import os; print(os.listdir('/tmp'))", "a")
-            other = await ci.run("import os; print(os.listdir('/tmp'))", "b")
-            full = await ci.run("open('/tmp/big', 'wb').write(b'x' * (2 << 20))", "a")
+                                 f"print(open('/tmp/{name}').read())", "a", OWNER)
+            again = await ci.run("import os; print(os.listdir('/tmp'))", "a", OWNER)
+            other = await ci.run("import os; print(os.listdir('/tmp'))", "b", OWNER)
+            full = await ci.run("open('/tmp/big', 'wb').write(b'x' * (2 << 20))", "a", OWNER)
             return [write, again, other, full]
 
         write, again, other, full = asyncio.run(go())
@@ -351,25 +382,25 @@ def test_tmp_is_private_and_fresh(root: Path) -> None:
 def test_scratch_folder_is_mnt_data_and_persists(root: Path) -> None:
     async def go() -> list[CodeResult]:
         ci = CodeInterpreter(root, SandboxLimits())
-        write = await ci.run("open('/mnt/data/out.txt', 'w').write('kept')\nopen('rel.txt', 'w').write('too')", "a")
-        same = await ci.run("import os; print(sorted(os.listdir('/mnt/data')), open('/mnt/data/out.txt').read())", "a")
-        other = await ci.run("import os; print(sorted(os.listdir('/mnt/data')))", "b")
+        write = await ci.run("open('/mnt/data/out.txt', 'w').write('kept')\nopen('rel.txt', 'w').write('too')", "a", OWNER)
+        same = await ci.run("import os; print(sorted(os.listdir('/mnt/data')), open('/mnt/data/out.txt').read())", "a", OWNER)
+        other = await ci.run("import os; print(sorted(os.listdir('/mnt/data')))", "b", OWNER)
         return [write, same, other]
 
     write, same, other = asyncio.run(go())
     assert write.exit_code == 0
     assert logs(same) == "['out.txt', 'rel.txt'] kept\n"
     assert logs(other) == "[]\n"
-    assert (root / "a" / "out.txt").read_text() == "kept"  # the host folder is what was written
+    assert (folder(root, "a") / "out.txt").read_text() == "kept"  # the host folder is what was written
 
 
 def test_failed_mount_refuses(root: Path) -> None:
     ci = CodeInterpreter(root, SandboxLimits())
     ci._prefixes = [*ci._prefixes, "/no-such-prefix"]
-    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1"))
+    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1", OWNER))
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
     assert "mount /no-such-prefix" in (result.error or "") and "No such file or directory" in (result.error or "")
-    assert not (root / "c1" / "ran").exists()
+    assert not (folder(root, "c1") / "ran").exists()
 
 
 def test_failed_proc_mount_refuses(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -379,7 +410,7 @@ def test_failed_proc_mount_refuses(root: Path, monkeypatch: pytest.MonkeyPatch) 
     result = run(root, "open('ran', 'w').close()")
     assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
     assert "sandbox PID 1" in (result.error or "") and "/proc" in (result.error or "")
-    assert not (root / "c1" / "ran").exists()
+    assert not (folder(root, "c1") / "ran").exists()
 
 
 def test_run_memory_is_capped_as_a_whole(root: Path) -> None:
@@ -407,7 +438,7 @@ def test_run_memory_is_capped_as_a_whole(root: Path) -> None:
         "codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid, _ in kids]\n"
         "print(sum(held), codes)\n"
     )
-    result = asyncio.run(ci.run(code, "c1"))
+    result = asyncio.run(ci.run(code, "c1", OWNER))
     assert result.exit_code == 0, logs(result)
     codes = ast.literal_eval(logs(result).split(" ", 1)[1])  # a child that held its block may still be picked later
     # Two survivors would have held 160 MB at once: at most one lives, the rest are OOM-killed.
@@ -424,6 +455,173 @@ def test_run_sees_its_own_cgroup_as_the_root(root: Path) -> None:
 def test_prefix_hidden_by_the_sandbox_mounts_refuses(root: Path) -> None:
     ci = CodeInterpreter(root, SandboxLimits())
     ci._prefixes = [*ci._prefixes, "/tmp/some-python"]
-    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1"))
+    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1", OWNER))
     assert result.exit_code is None and "refused" in (result.error or "") and "would be hidden" in (result.error or "")
-    assert not (root / "c1" / "ran").exists()
+    assert not (folder(root, "c1") / "ran").exists()
+
+
+# The seccomp filter. Every probe runs in a forked child of the program, so one that the kernel
+# lets through (on a sandbox without the filter) changes nothing for the next; each prints the
+# child's errno (0: the call went through; negative: the signal that killed it). Arguments are
+# chosen so that, let through, the kernel answers something other than EPERM (EINVAL, EFAULT,
+# EBADF, or success) wherever an unprivileged call allows it: EPERM then means the filter.
+CLONE_SIGHAND, CLONE_IO, CLONE_NEWNS, CLONE_NEWUSER = 0x800, 0x80000000, 0x00020000, 0x10000000
+NEW_FLAGS = {"NEWNS": 0x00020000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000, "NEWIPC": 0x08000000,
+             "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000}
+DENIED_ARGS: dict[str, list[object]] = {  # the rest get zeros
+    "unshare": [CLONE_NEWUSER | CLONE_IO], "setns": [-1, 0], "fsconfig": [-1, 0, 0, 0, 0], "fsmount": [-1, 0, 0],
+    "fspick": [-1, 0, 0], "open_tree": [-100, 0, 0], "move_mount": [-1, 0, -1, 0, 0], "mount_setattr": [-1, 0, 0, 0, 0],
+    "open_tree_attr": [-100, 0, 0, 0, 0], "process_vm_readv": ["PID", 0, 0, 0, 0, 0],
+    "process_vm_writev": ["PID", 0, 0, 0, 0, 0], "kcmp": ["PID", "PID", 0, 0, 0], "pidfd_getfd": [-1, 0, 0],
+    "process_madvise": [-1, 0, 0, 0, 0], "perf_event_open": [0, 0, -1, -1, 0], "keyctl": [0, -2, 1],
+    "finit_module": [-1, 0, 0], "open_by_handle_at": [-1, 0, 0], "name_to_handle_at": [-100, 0, 0, 0, 0],
+    "userfaultfd": [1], "io_uring_setup": [1, 0], "io_uring_enter": [-1, 0, 0, 0, 0, 0],
+    "io_uring_register": [-1, 0, 0, 0], "quotactl_fd": [-1, 0, 0, 0], "syslog": [10, 0, 0], "sysfs": [3],
+}
+PROBE = '''
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def arg(a):
+    return ctypes.c_char_p(a) if isinstance(a, bytes) else ctypes.c_long(os.getpid() if a == "PID" else a)
+
+def machine_code(code):  # run raw x86 instructions (another ABI's syscall)
+    buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    return ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))()
+
+def attempt(calls):
+    pid = os.fork()
+    if pid == 0:
+        for nr, args in calls:
+            if isinstance(nr, bytes):
+                machine_code(nr)
+            elif libc.syscall(ctypes.c_long(nr), *map(arg, args)) == -1:
+                os._exit(ctypes.get_errno())
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+for label, calls in PROBES:
+    print(label, attempt(calls))
+'''
+
+
+def probes(calls: dict[str, list[tuple[str | bytes, list[object]]]]) -> str:
+    """The probe program for ``label -> [(syscall name or x86 machine code, args)]``, numbered for this host."""
+    column = 0 if platform.machine() in ("x86_64", "amd64") else 1
+    numbered = [(label, [(seccomp.SYSCALLS[c][column] if isinstance(c, str) else c, args) for c, args in seq])
+                for label, seq in calls.items()]
+    return f"PROBES = {numbered!r}\n" + PROBE
+
+
+def test_seccomp_refuses_what_a_sandbox_never_needs(root: Path) -> None:
+    column = 0 if platform.machine() in ("x86_64", "amd64") else 1
+    calls: dict[str, list[tuple[str | bytes, list[object]]]] = {
+        name: [(name, DENIED_ARGS.get(name, [0, 0, 0, 0, 0, 0]))]
+        for name in seccomp.DENIED if seccomp.SYSCALLS[name][column] is not None
+    }
+    calls["unshare(CLONE_NEWUSER)"] = [("unshare", [CLONE_NEWUSER])]
+    calls["mount in a new user namespace"] = [("unshare", [CLONE_NEWUSER | CLONE_NEWNS]),
+                                              ("mount", [b"none", b"/tmp", b"tmpfs", 0, 0])]
+    for flag, bit in NEW_FLAGS.items():  # CLONE_SIGHAND without CLONE_VM: EINVAL, if the kernel sees it
+        calls[f"clone(CLONE_{flag})"] = [("clone", [bit | CLONE_SIGHAND, 0, 0, 0, 0])]
+    calls["clone3"] = [("clone3", [0, 0])]
+    calls["personality(ADDR_NO_RANDOMIZE)"] = [("personality", [0x0040000])]
+    denied = set(calls)
+    calls["clone(CLONE_SIGHAND)"] = [("clone", [CLONE_SIGHAND, 0, 0, 0, 0])]  # reaches the kernel: EINVAL
+    calls["personality(query)"] = [("personality", [0xFFFFFFFF])]
+    if column == 0:  # i386 getpid by int 0x80; x32 getpid by syscall: another ABI kills
+        calls["i386 syscall"] = [(b"\xb8\x14\x00\x00\x00\xcd\x80\xc3", [])]
+        calls["x32 syscall"] = [(b"\xb8\x27\x00\x00\x40\x0f\x05\xc3", [])]
+    result = run(root, probes(calls), timeout_s=60)
+    assert result.exit_code == 0, logs(result)
+    got = dict(line.rsplit(" ", 1) for line in logs(result).splitlines())
+    want = {label: str(errno.ENOSYS if label == "clone3" else errno.EPERM) for label in denied}
+    want |= {"clone(CLONE_SIGHAND)": str(errno.EINVAL), "personality(query)": "0"}
+    if column == 0:
+        want |= {"i386 syscall": str(-signal.SIGSYS), "x32 syscall": str(-signal.SIGSYS)}
+    assert {k: int(v) for k, v in got.items()} == {k: int(v) for k, v in want.items()}
+
+
+def test_ordinary_python_works_under_the_filter(root: Path) -> None:
+    code = (
+        "import os, subprocess, sys, threading, concurrent.futures as cf, multiprocessing as mp\n"
+        "print([l for l in open('/proc/self/status').read().splitlines() if l.startswith(('NoNewPrivs', 'Seccomp'))])\n"
+        "out = []\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(*out)\n"
+        "print(list(cf.ThreadPoolExecutor(4).map(abs, [-1, -2, -3, -4])))\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())\n"
+        "pid = os.posix_spawn(sys.executable, [sys.executable, '-c', 'print(\"spawned\")'], {})\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "with mp.get_context('fork').Pool(2) as pool:\n    print(pool.map(abs, [-5, -6]))\n"
+        "os.makedirs('sub', exist_ok=True)\nopen('/mnt/data/sub/f.txt', 'w').write('kept')\n"
+        "os.mkfifo('/tmp/fifo')\nprint(sorted(os.listdir('/tmp')), open('sub/f.txt').read())\n"
+    )
+    result = run(root, code)
+    assert logs(result).splitlines() == [
+        "['NoNewPrivs:\\t1', 'Seccomp:\\t2', 'Seccomp_filters:\\t1']",
+        "thread", "[1, 2, 3, 4]", "42", "spawned", "0", "[5, 6]", "['fifo'] kept",
+    ], logs(result)
+    assert (folder(root, "c1") / "sub" / "f.txt").read_text() == "kept"
+
+
+def bpf_verdict(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """What the kernel's classic BPF would return for one syscall (the few opcodes ``seccomp`` emits)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)  # struct seccomp_data
+    code = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x06:
+            return k
+        if op == 0x20:
+            acc, pc = struct.unpack_from("<I", data, k)[0], pc + 1
+            continue
+        taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+        pc += 1 + (jt if taken else jf)
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_filter_program_per_architecture(machine: str) -> None:
+    # Both architectures' programs, whatever this host is: what each syscall gets.
+    allow, kill, eperm, enosys = 0x7FFF0000, 0x80000000, 0x50000 | errno.EPERM, 0x50000 | errno.ENOSYS
+    column, arch, foreign = (0, 0xC000003E, [0x40000003]) if machine == "x86_64" else (1, 0xC00000B7, [0x40000028])
+    program = seccomp.program(machine)
+    assert program is not None
+    nr = {name: numbers[column] for name, numbers in seccomp.SYSCALLS.items()}
+    for name in seccomp.DENIED:
+        if nr[name] is not None:
+            assert bpf_verdict(program, arch, nr[name]) == eperm, name
+    assert bpf_verdict(program, arch, nr["clone3"]) == enosys
+    for bit in NEW_FLAGS.values():
+        assert bpf_verdict(program, arch, nr["clone"], bit | 17) == eperm
+    threads = 0x3D0F00  # glibc's pthread_create: VM, FS, FILES, SIGHAND, THREAD, SYSVSEM, SETTLS, *_TID
+    for flags in (17, 0x01200011, threads, 0x4111):  # fork, fork with tids, threads, vfork
+        assert bpf_verdict(program, arch, nr["clone"], flags) == allow
+    assert [bpf_verdict(program, arch, nr["personality"], p) for p in (0, 0xFFFFFFFF, 0x0040000, 0x0400000)] == [
+        allow, allow, eperm, eperm]
+    for ordinary in ((0, 1, 2, 3, 39, 57, 59, 231) if column == 0 else (63, 64, 56, 57, 172, 221, 94)):
+        assert bpf_verdict(program, arch, ordinary) == allow  # read, write, openat, close, getpid, execve, exit_group ...
+    for other_abi in foreign:  # i386 on x86_64, arm32 on aarch64
+        assert bpf_verdict(program, other_abi, 20) == kill
+    if column == 0:
+        assert bpf_verdict(program, arch, 0x40000000 | 39) == kill  # x32
+    assert seccomp.program("riscv64") is None
+
+
+def test_no_filter_for_the_architecture_refuses(root: Path) -> None:
+    ci = CodeInterpreter(root, SandboxLimits())
+    ci._seccomp = None  # what a host without a filter program gets
+    result = asyncio.run(ci.run("open('ran', 'w').close()", "c1", OWNER))
+    assert result.exit_code is None and result.outputs == [] and "no seccomp filter" in (result.error or "")
+    assert not (folder(root, "c1") / "ran").exists()
+
+
+def test_failed_seccomp_refuses(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = sandbox_mod.LAUNCHER.replace("libc.prctl(22,", "libc.prctl(-22,")  # no such option: EINVAL
+    assert broken != sandbox_mod.LAUNCHER
+    monkeypatch.setattr(sandbox_mod, "LAUNCHER", broken)
+    result = run(root, "open('ran', 'w').close()")
+    assert result.exit_code is None and result.outputs == [] and "refused" in (result.error or "")
+    assert "installing the seccomp filter failed" in (result.error or "")
+    assert not (folder(root, "c1") / "ran").exists()

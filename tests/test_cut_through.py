@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.wire import Connection
+from backends.wire import Connection, WireLimits
 from bench.token_path import Worker, path
 from router.api.sse import delta_parts, encode_events
 from router.turns.assembler import Assembler
@@ -217,7 +217,8 @@ def _events(write: bytes) -> list[dict]:
 def test_a_read_that_looks_like_a_chunk_inside_a_chunk_is_parsed() -> None:
     """The parser in the middle of a chunk: bytes shaped like a whole chunk are that chunk's payload."""
     async def main() -> tuple[list[bytes], list[bytes]]:
-        conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker"))  # type: ignore[arg-type]
+        conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker",  # type: ignore[arg-type]
+                                          limits=WireLimits()))
         conn.connection_made(Worker())  # type: ignore[arg-type]
         conn.active = True
         taken: list[bytes] = []

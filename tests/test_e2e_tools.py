@@ -54,6 +54,8 @@ pool = "sim"
 name = "oss"
 pool = "oss"
 
+[tools]
+private_networks = ["127.0.0.0/8"]  # the request-named MCP servers and the search results are on loopback
 [tools.mcp]
 allow = ["{http.base}/", "{dead_base}"]
 timeout_s = 10
@@ -64,7 +66,6 @@ transport = "sse"
 
 [tools.web_search]
 url = "{search.search_url}"
-allow_private_results = true
 
 [tools.code_interpreter]
 root = "{containers}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -12,11 +13,14 @@ import pytest
 
 from router.tools.allowlist import AllowlistTransport, UrlAllowlist, UrlNotAllowed, mcp_http_client_factory
 from router.tools.mcp_client import MCPClientError, MCPServer, call_tool, list_tools, result_output
+from router.tools.netguard import NetGuard
 from tests import mcp_servers
 from tests.mcp_servers import ServerProcess
 from tests.procs import free_port
 
 TRANSPORTS = {"streamable_http": "streamable-http", "sse": "sse"}
+# The test servers listen on 127.0.0.1, which the router reaches only where the operator permits it.
+LOOPBACK = NetGuard.permitting(["127.0.0.0/8"])
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,7 @@ def server(request: pytest.FixtureRequest, servers: dict[str, ServerProcess]) ->
 
 
 def test_list_tools(server: ServerProcess) -> None:
-    tools = asyncio.run(list_tools(mcp(server), allow(server), timeout_s=10))
+    tools = asyncio.run(list_tools(mcp(server), allow(server), timeout_s=10, guard=LOOPBACK))
     by_name = {t["name"]: t for t in tools}
     assert set(by_name) == {"add", "echo", "slow", "fail"}
     add = by_name["add"]
@@ -72,16 +76,18 @@ def test_list_tools(server: ServerProcess) -> None:
 
 
 def test_call_tool(server: ServerProcess) -> None:
-    result = asyncio.run(call_tool(mcp(server), allow(server), "add", {"a": 2, "b": 40}, timeout_s=10))
+    result = asyncio.run(call_tool(mcp(server), allow(server), "add", {"a": 2, "b": 40}, timeout_s=10, guard=LOOPBACK))
     assert result.error is None and result.output == "42"
-    result = asyncio.run(call_tool(mcp(server), allow(server), "echo", {"text": "héllo\nworld"}, timeout_s=10))
+    result = asyncio.run(call_tool(mcp(server), allow(server), "echo", {"text": "héllo\nworld"},
+                                   timeout_s=10, guard=LOOPBACK))
     assert result.output == "héllo\nworld"
 
 
 def test_concurrent_calls(server: ServerProcess) -> None:
     async def main() -> list[Any]:
         return await asyncio.gather(
-            *(call_tool(mcp(server), allow(server), "add", {"a": i, "b": 100}, timeout_s=10) for i in range(5))
+            *(call_tool(mcp(server), allow(server), "add", {"a": i, "b": 100}, timeout_s=10, guard=LOOPBACK)
+              for i in range(5))
         )
 
     results = asyncio.run(main())
@@ -90,7 +96,8 @@ def test_concurrent_calls(server: ServerProcess) -> None:
 
 
 def test_tool_raises(server: ServerProcess) -> None:
-    result = asyncio.run(call_tool(mcp(server), allow(server), "fail", {"message": "kaboom"}, timeout_s=10))
+    result = asyncio.run(call_tool(mcp(server), allow(server), "fail", {"message": "kaboom"},
+                                   timeout_s=10, guard=LOOPBACK))
     assert result.output is None
     assert result.error is not None and result.error["type"] == "mcp_tool_execution_error"
     assert result.error["content"][0]["type"] == "text" and "kaboom" in result.error["content"][0]["text"]
@@ -98,12 +105,12 @@ def test_tool_raises(server: ServerProcess) -> None:
 
 def test_unknown_tool_and_bad_arguments(server: ServerProcess) -> None:
     for name, args in (("nosuch", {}), ("add", {"a": "x"})):
-        result = asyncio.run(call_tool(mcp(server), allow(server), name, args, timeout_s=10))
+        result = asyncio.run(call_tool(mcp(server), allow(server), name, args, timeout_s=10, guard=LOOPBACK))
         assert result.error is not None and result.error["type"] in ("mcp_tool_execution_error", "mcp_protocol_error")
 
 
 def test_timeout(server: ServerProcess) -> None:
-    result = asyncio.run(call_tool(mcp(server), allow(server), "slow", {"seconds": 5}, timeout_s=0.7))
+    result = asyncio.run(call_tool(mcp(server), allow(server), "slow", {"seconds": 5}, timeout_s=0.7, guard=LOOPBACK))
     assert result.error is not None and result.error["type"] == "http_error"
     assert "timed out" in result.error["message"] and result.error["code"] == 504
     with pytest.raises(MCPClientError) as info:
@@ -112,6 +119,7 @@ def test_timeout(server: ServerProcess) -> None:
                 MCPServer("x", server.url, "sse" if server.transport == "sse" else "streamable_http"),
                 allow(server),
                 timeout_s=0.0001,
+                guard=LOOPBACK,
             )
         )
     assert info.value.error["type"] == "http_error" and "timed out" in info.value.error["message"]
@@ -122,18 +130,19 @@ def test_server_down(transport: str) -> None:
     port = free_port()
     server = MCPServer("down", f"http://127.0.0.1:{port}/mcp", transport)  # type: ignore[arg-type]
     allowlist = UrlAllowlist([f"127.0.0.1:{port}"])
-    result = asyncio.run(call_tool(server, allowlist, "add", {"a": 1, "b": 2}, timeout_s=5))
+    result = asyncio.run(call_tool(server, allowlist, "add", {"a": 1, "b": 2}, timeout_s=5, guard=LOOPBACK))
     assert result.output is None and result.error is not None
     assert result.error["type"] == "http_error" and result.error["code"] == 502
     assert "connect" in result.error["message"]
     with pytest.raises(MCPClientError) as info:
-        asyncio.run(list_tools(server, allowlist, timeout_s=5))
+        asyncio.run(list_tools(server, allowlist, timeout_s=5, guard=LOOPBACK))
     assert info.value.error["type"] == "http_error"
 
 
 def test_http_error_status(server: ServerProcess) -> None:
     endpoint = "/status/503/" + ("sse" if server.transport == "sse" else "mcp")
-    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server), "add", {"a": 1, "b": 2}, timeout_s=5))
+    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server), "add", {"a": 1, "b": 2},
+                                   timeout_s=5, guard=LOOPBACK))
     assert result.error == {"type": "http_error", "code": 503, "message": result.error["message"]}  # type: ignore[index]
 
 
@@ -141,23 +150,49 @@ def test_url_outside_allowlist_refused_before_connecting(server: ServerProcess, 
     before = server.requests_seen()
     allowlist = allow(target)
     with pytest.raises(UrlNotAllowed):
-        asyncio.run(call_tool(mcp(server), allowlist, "add", {"a": 1, "b": 2}, timeout_s=5))
+        asyncio.run(call_tool(mcp(server), allowlist, "add", {"a": 1, "b": 2}, timeout_s=5, guard=LOOPBACK))
     with pytest.raises(UrlNotAllowed):
-        asyncio.run(list_tools(mcp(server), allowlist, timeout_s=5))
+        asyncio.run(list_tools(mcp(server), allowlist, timeout_s=5, guard=LOOPBACK))
     # Userinfo and path tricks pointing at the server are refused the same way.
     s, t = server.base[len("http://") :], target.base[len("http://") :]
     tricks = [f"http://{t}@{s}/mcp", f"http://{s}\\@{t}/mcp", f"http://{s}#@{t}/mcp", f"http://{s}?@{t}/mcp"]
     for url in tricks:
         with pytest.raises(UrlNotAllowed):
-            asyncio.run(call_tool(MCPServer("x", url), allowlist, "add", {}, timeout_s=5))
+            asyncio.run(call_tool(MCPServer("x", url), allowlist, "add", {}, timeout_s=5, guard=LOOPBACK))
     assert server.requests_seen() == before
+
+
+def test_allowed_url_whose_host_resolves_to_loopback_refused(server: ServerProcess) -> None:
+    """The allowlist admits http://vm:PORT/ by prefix; "vm" resolves to 127.0.0.1 (here by an injected lookup), which
+    no permitted network covers: nothing connects. As a server named in config, the same origin is reached."""
+    async def lookup(host: str, port: int, family: int) -> list[tuple[int, str]]:
+        assert host == "vm"
+        return [(socket.AF_INET, "127.0.0.1")]
+
+    guard = NetGuard.permitting(["127.0.0.2/32"], lookup=lookup)
+    url = f"http://vm:{server.port}" + ("/sse" if server.transport == "sse" else "/mcp")
+    target = MCPServer("x", url, "sse" if server.transport == "sse" else "streamable_http")
+    allowlist = UrlAllowlist([f"http://vm:{server.port}/"])
+    before = server.requests_seen()
+    result = asyncio.run(call_tool(target, allowlist, "add", {"a": 1, "b": 2}, timeout_s=5, guard=guard))
+    assert result.error is not None and result.error["type"] == "http_error" and result.error["code"] == 403
+    assert result.error["message"] == f"request to {url} refused: vm resolves to 127.0.0.1, a loopback address; " \
+        "only public addresses may be fetched"
+    with pytest.raises(MCPClientError) as info:
+        asyncio.run(list_tools(target, allowlist, timeout_s=5, guard=guard))
+    assert "vm resolves to 127.0.0.1" in info.value.error["message"]
+    assert server.requests_seen() == before
+    named = MCPServer("x", server.url, target.transport, configured=True)
+    result = asyncio.run(call_tool(named, allow(server), "add", {"a": 1, "b": 2}, timeout_s=5, guard=guard))
+    assert result.output == "3"
 
 
 def test_redirect_to_other_origin_refused(server: ServerProcess, target: ServerProcess) -> None:
     before = target.requests_seen()
     endpoint = "/redirect-away/" + ("sse" if server.transport == "sse" else "mcp")
     # Even with the target itself allowed, an MCP server may not send the client there.
-    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server, target), "add", {"a": 1, "b": 2}, timeout_s=5))
+    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server, target), "add", {"a": 1, "b": 2},
+                                   timeout_s=5, guard=LOOPBACK))
     assert result.error is not None and result.error["type"] == "http_error" and result.error["code"] == 307
     assert "not followed" in result.error["message"] or "refused" in result.error["message"]
     assert target.requests_seen() == before
@@ -168,12 +203,13 @@ def test_redirect_outside_allowed_prefix_refused(server: ServerProcess) -> None:
     endpoint = "/redirect-local/" + ("sse" if server.transport == "sse" else "mcp")
     narrow = UrlAllowlist([server.base + "/redirect-local/"])
     before = server.requests_seen()
-    result = asyncio.run(call_tool(mcp(server, endpoint), narrow, "add", {"a": 1, "b": 2}, timeout_s=5))
+    result = asyncio.run(call_tool(mcp(server, endpoint), narrow, "add", {"a": 1, "b": 2}, timeout_s=5, guard=LOOPBACK))
     assert result.error is not None and result.error["type"] == "http_error"
     assert "refused" in result.error["message"] and server.url in result.error["message"]
     assert server.requests_seen() == before + 1  # only the redirecting request itself
     # With the whole server allowed, the same redirect is followed and the call works.
-    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server), "add", {"a": 1, "b": 2}, timeout_s=5))
+    result = asyncio.run(call_tool(mcp(server, endpoint), allow(server), "add", {"a": 1, "b": 2},
+                                   timeout_s=5, guard=LOOPBACK))
     assert result.output == "3"
 
 
@@ -183,7 +219,7 @@ def test_transport_rechecks_every_request(servers: dict[str, ServerProcess], tar
     before = target.requests_seen()
 
     async def main() -> None:
-        transport = AllowlistTransport(allow(server))
+        transport = AllowlistTransport(allow(server), guard=LOOPBACK)
         client = mcp_http_client_factory(transport.allowlist, transport)()
         async with client:
             response = await client.get(server.base + "/redirect-away/x", follow_redirects=True)
@@ -194,7 +230,7 @@ def test_transport_rechecks_every_request(servers: dict[str, ServerProcess], tar
     assert target.requests_seen() == before
 
     async def direct() -> int:
-        async with mcp_http_client_factory(allow(server))() as client:
+        async with mcp_http_client_factory(allow(server), guard=LOOPBACK)() as client:
             return (await client.get(server.base + "/_stats")).status_code
 
     assert asyncio.run(direct()) == 200

@@ -342,3 +342,18 @@ def test_a_client_that_leaves_mid_body_does_not_hurt_the_next(served: Served) ->
         sock.sendall(_post(b'{"next": 1}'))
         status, _, body = Reader(sock).answer()
         assert status == 200 and _json(body)["got"] == {"next": 1}
+
+
+def test_start_up_names_what_uvicorn_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one adapter to uvicorn's internals checks them: the installed version passes, and one
+    without a method the protocol overrides stops start-up with one line naming it."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+
+    from router.api.server import require_uvicorn
+
+    require_uvicorn()
+    monkeypatch.delattr(Base, "_start_asgi_task")
+    with pytest.raises(RuntimeError) as caught:
+        require_uvicorn()
+    message = str(caught.value)
+    assert "\n" not in message and "HttpToolsProtocol._start_asgi_task" in message and uvicorn.__version__ in message

@@ -22,6 +22,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_object
 from router.protocol.tools import FIND_IN_PAGE, OPEN_PAGE, build_toolset
 from router.tools.allowlist import UrlAllowlist
+from router.tools.netguard import NetGuard
 from router.tools.registry import Browsing, RouterTools
 from router.tools.web_search import HttpJsonSearch
 from router.turns.assembler import Assembler
@@ -200,8 +201,9 @@ def fake() -> Iterator[FakeSearch]:
 
 
 def _tools(fake: FakeSearch) -> RouterTools:
-    search = HttpJsonSearch(fake.search_url, timeout_s=5, allow_private_results=True)
-    return RouterTools(allowlist=UrlAllowlist([]), search=search, max_results=3)
+    guard = NetGuard.permitting(["127.0.0.0/8"])  # the fake's pages are on 127.0.0.1
+    search = HttpJsonSearch(fake.search_url, timeout_s=5, guard=guard)
+    return RouterTools(allowlist=UrlAllowlist([]), search=search, max_results=3, guard=guard)
 
 
 def test_search_open_by_number_then_find(fake: FakeSearch) -> None:

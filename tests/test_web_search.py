@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from router.tools.allowlist import UrlAllowlist, UrlNotAllowed
+from router.tools.netguard import NetGuard
 from router.tools.web_search import (
     HttpJsonSearch,
     PageFetchError,
@@ -33,7 +34,7 @@ def fake(secret: FakeSearch) -> Iterator[FakeSearch]:
 
 
 def backend(fake: FakeSearch, **kwargs: object) -> HttpJsonSearch:
-    kwargs.setdefault("allow_private_results", True)  # the fake's results are on 127.0.0.1
+    kwargs.setdefault("guard", NetGuard.permitting(["127.0.0.0/8"]))  # the fake's results are on 127.0.0.1
     return HttpJsonSearch(fake.search_url, timeout_s=5, **kwargs)  # type: ignore[arg-type]
 
 
@@ -126,8 +127,30 @@ def test_private_result_refused_by_default(fake: FakeSearch) -> None:
         await b.search("fish", max_results=10)
         await b.open_page(fake.base + "/page/1")
 
-    with pytest.raises(UrlNotAllowed, match="private"):
+    with pytest.raises(UrlNotAllowed, match="127.0.0.1, a loopback address"):
         asyncio.run(main())
+
+
+def test_results_on_names_that_resolve_to_loopback_are_refused() -> None:
+    """Judged on the address the name resolves to, not its spelling: /etc/hosts names, IPv4-mapped loopback."""
+    names = [line.split()[1] for line in open("/etc/hosts") if line.startswith("127.") and len(line.split()) > 1]
+
+    async def outcome(server: FakeSearch) -> str:
+        b = HttpJsonSearch(server.search_url, timeout_s=5)  # the search API: the operator's, reached
+        (first, *_) = await b.search("fish", max_results=10)
+        try:
+            await b.open_page(first.url)
+        except UrlNotAllowed as exc:
+            return exc.reason
+        return "fetched"
+
+    outcomes, fetched = {}, {}
+    for host in [*names, "[::ffff:127.0.0.1]"]:
+        with FakeSearch(result_host=host) as server:
+            outcomes[host] = asyncio.run(outcome(server))
+            fetched[host] = server.hits["/page/1"]
+    assert outcomes == {host: outcomes[host] for host in outcomes if "loopback" in outcomes[host]}, outcomes
+    assert set(fetched.values()) == {0}
 
 
 def test_open_page_non_text_and_http_errors(fake: FakeSearch) -> None:

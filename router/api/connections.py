@@ -30,6 +30,7 @@ import logging
 import math
 import resource
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Literal, Protocol
 
 import orjson
@@ -122,10 +123,8 @@ class ConnectionGuard:
 
 def refusal(error: APIError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     """A whole answer that ends its connection: the status line, the server's headers, the error."""
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE
-
     body = orjson.dumps(error.body())
-    head = [STATUS_LINE[error.status]]
+    head = [b"HTTP/1.1 %d %s\r\n" % (error.status, HTTPStatus(error.status).phrase.encode("ascii"))]
     for name, value in default_headers:
         head += (name, b": ", value, b"\r\n")
     head += (b"content-type: application/json\r\ncontent-length: ", b"%d" % len(body), b"\r\nconnection: close\r\n\r\n")

@@ -27,6 +27,11 @@ waits for the socket. ``router.delta_writer`` gives the same for the frames of o
 delta event made from a text and a number, with no event and no encoder (the
 runner's cut-through of a streamed token, ``Assembler.text_cut``).
 
+This module is the router's one adapter to uvicorn's internals (its httptools
+protocol, request cycle and sans-I/O WebSocket protocol): ``pyproject.toml``
+pins uvicorn to the versions it was tested on, and ``require_uvicorn()`` stops
+start-up in one line when what it uses is missing.
+
 Every connection is held to the deadlines and the cap of router/api/connections.py:
 a request's head and body must arrive in time, and past ``max_connections`` the
 connection that has waited longest for its client makes room.
@@ -38,7 +43,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from router.api.coalesce import HeadHoldingTransport
 from router.api.connections import ConnectionGuard, ConnectionLimits, Phase, refusal
@@ -396,3 +403,53 @@ def _request_id_header() -> tuple[bytes, bytes]:
     """``x-request-id``, new for every request, as OpenAI sends it: the SDK's ``_request_id``,
     what a user quotes when something went wrong."""
     return b"x-request-id", request_id().encode("ascii")
+
+
+class RouterWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, without an ERROR line for every refused upgrade.
+
+    A WebSocket the router refuses (no key, a wrong one) gets the HTTP error itself
+    as a denial response (router/api/websocket.py). uvicorn's sans-I/O protocol
+    sends it, but its ``run_asgi`` then checks only ``handshake_complete``, which a
+    denial never sets, and logs "ASGI callable returned without completing
+    handshake." at ERROR: anyone could fill the router's log by knocking. Here a
+    denial whose body has gone out counts as an answered handshake.
+    """
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True  # answered (refused): nothing is left to complete
+
+
+# What of uvicorn's internals the classes above use: methods (looked up on the classes) and
+# instance attributes (set in their __init__).
+_NEEDED = {
+    HttpToolsProtocol: ("connection_made", "connection_lost", "data_received", "on_message_begin",
+                        "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
+                        "handle_websocket_upgrade", "shutdown", "_start_asgi_task"),
+    RequestResponseCycle: ("run_asgi", "send", "receive"),
+    WebSocketsSansIOProtocol: ("send",),
+}
+_NEEDED_STATE = {
+    HttpToolsProtocol: ("self.pipeline", "self.timeout_keep_alive_task", "self.limit_concurrency", "self.connections",
+                        "self.server_state", "self.expect_100_continue", "self.cycle"),
+    RequestResponseCycle: ("self.response_started", "self.response_complete", "self.chunked_encoding",
+                           "self.disconnected", "self.more_body", "self.waiting_for_100_continue", "self.keep_alive",
+                           "self.default_headers", "self.message_event", "self.on_response", "self.flow"),
+}
+
+
+def require_uvicorn() -> None:
+    """Raise RuntimeError, one line, when the installed uvicorn lacks what this module uses."""
+    import inspect
+
+    missing = [f"{cls.__name__}.{name}" for cls, names in _NEEDED.items() for name in names if not hasattr(cls, name)]
+    for cls, names in _NEEDED_STATE.items():
+        source = inspect.getsource(cls.__init__)
+        missing += [f"{cls.__name__}.{name[5:]}" for name in names if name not in source]
+    if not isinstance(STATUS_LINE, dict) or 408 not in STATUS_LINE:
+        missing.append("STATUS_LINE")
+    if missing:
+        raise RuntimeError(f"uvicorn {uvicorn.__version__} lacks what the router's HTTP protocol uses "
+                           f"({', '.join(missing)}); install the version pyproject.toml names")

@@ -39,6 +39,8 @@ class ChatOptions:
     reasoning_effort_as: ReasoningEffortAs = "reasoning_effort"
     # Whether the engine takes "file" content parts.
     accepts_files: bool = False
+    # "data_only": image and file URLs other than data: are refused (400), as the engine would fetch them.
+    media_urls: Literal["any", "data_only"] = "any"
 
 
 # Item types after which a tool call still belongs to the same assistant turn.
@@ -164,6 +166,11 @@ def _chat_part(part: Item, options: ChatOptions) -> dict[str, Any]:
     kind = part["type"]
     if kind == "input_text":
         return {"type": "text", "text": part["text"]}
+    url = part.get("image_url") or part.get("file_url")
+    if options.media_urls == "data_only" and url is not None and not url.startswith("data:"):
+        raise InvalidRequest(f"{kind} URL {url[:100]!r}: the engine serving this model would fetch it, and this router "
+                             "passes it only data: URLs; send the content inline", param="input",
+                             code="unsupported_content_type")
     if kind == "input_image":
         return {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail", "auto")}}
     if kind == "input_file" and options.accepts_files:
@@ -277,8 +284,11 @@ class ChatTurn:
             else:
                 raise ValueError(NOT_AN_OBJECT)
             return out
-        for choice in chunk.get("choices") or ():
-            self._message(choice.get("delta") or {}, choice.get("logprobs"), out)
+        for choice in _choices(chunk):
+            delta = choice.get("delta") or {}
+            if type(delta) is not dict:
+                raise _malformed("a choice's 'delta'", "an object", delta)
+            self._message(delta, choice.get("logprobs"), out)
             reason = choice.get("finish_reason")
             if reason == "abort":  # the engine gave up on the request: not an answer
                 raise ValueError("the worker aborted the request")
@@ -293,9 +303,19 @@ class ChatTurn:
     def completion(self, body: dict[str, Any]) -> list[Delta]:
         """A whole non-streamed ``chat.completion``: the same deltas a stream would give."""
         out: list[Delta] = []
-        for choice in body.get("choices") or ():
-            message = dict(choice.get("message") or {})
+        if type(body) is not dict:
+            raise _malformed("an answer", "a JSON object", body)
+        choices = _choices(body)
+        if not choices:
+            raise ValueError("the worker's answer has no choices")
+        for choice in choices:
+            message = choice.get("message") or {}
+            if type(message) is not dict:
+                raise _malformed("a choice's 'message'", "an object", message)
+            message = dict(message)
             calls = message.get("tool_calls") or []
+            if type(calls) is not list:
+                raise _malformed("'tool_calls'", "a list", calls)
             message["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls)]
             self._message(message, choice.get("logprobs"), out)
             self._flush(out)
@@ -308,22 +328,37 @@ class ChatTurn:
     def _message(self, delta: dict[str, Any], logprobs: Any, out: list[Delta]) -> None:
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning:
+            if type(reasoning) is not str:
+                raise _malformed("reasoning", "a string", reasoning)
             out.append(ReasoningDelta(reasoning))
         content = delta.get("content")
         if content:
+            if type(content) is not str:
+                raise _malformed("'content'", "a string", content)
             if self._think is not None:
                 out.extend(self._think.feed(content))
             else:
                 out.append(TextDelta(content, (logprobs or {}).get("content") or None))
         refusal = delta.get("refusal")
         if refusal:
+            if type(refusal) is not str:
+                raise _malformed("'refusal'", "a string", refusal)
             out.append(RefusalDelta(refusal))
-        for call in delta.get("tool_calls") or ():
-            out.append(self._tool_call(call))
+        calls = delta.get("tool_calls")
+        if calls:
+            if type(calls) is not list:
+                raise _malformed("'tool_calls'", "a list", calls)
+            for call in calls:
+                out.append(self._tool_call(call))
 
     def _tool_call(self, call: dict[str, Any]) -> ToolCallDelta:
+        if type(call) is not dict:
+            raise _malformed("a tool call", "an object", call)
         engine_index = call.get("index", 0)
         function = call.get("function") or {}
+        if type(function) is not dict or not isinstance(function.get("name") or "", str) \
+                or not isinstance(function.get("arguments") or "", str):
+            raise _malformed("a tool call's 'function'", "an object with string name and arguments", function)
         ours = self._calls.get(engine_index)
         if ours is None:
             ours = self._calls[engine_index] = len(self._calls)
@@ -334,6 +369,23 @@ class ChatTurn:
     def _flush(self, out: list[Delta]) -> None:
         if self._think is not None:
             out.extend(self._think.flush())
+
+
+def _choices(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chunk's or an answer's ``choices``, checked: a list of objects (missing: none)."""
+    choices = body.get("choices") or []
+    if type(choices) is not list:
+        raise _malformed("'choices'", "a list", choices)
+    for choice in choices:
+        if type(choice) is not dict:
+            raise _malformed("a choice", "an object", choice)
+    return choices
+
+
+def _malformed(what: str, expected: str, value: Any) -> ValueError:
+    """A worker answer of the wrong shape, named: the client's error says what was wrong."""
+    shown = repr(value)
+    return ValueError(f"the worker sent {what} that is not {expected}: {shown[:80]}{'...' if len(shown) > 80 else ''}")
 
 
 def _finish(reason: str) -> Any:

@@ -10,8 +10,11 @@ the comparison is on what a server would actually see.
 
 ``AllowlistTransport`` re-checks every request an httpx2 client sends (the MCP
 SDK's client type), so a redirect to an address that is not allowed is refused
-before it is fetched; ``mcp_http_client_factory`` builds such clients for the
-SDK's ``httpx_client_factory`` / ``http_client`` parameters.
+before it is fetched, and connects through a ``GuardedBackend``: a URL the
+allowlist passes still reaches only addresses the NetGuard passes (the host is
+resolved once and the connection made to the checked address; TLS verifies the
+host name). ``mcp_http_client_factory`` builds such clients for the SDK's
+``httpx_client_factory`` / ``http_client`` parameters.
 """
 
 from __future__ import annotations
@@ -21,17 +24,31 @@ import re
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
+from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
+from router.tools.netguard import AddressNotAllowed, NetGuard
+
 try:  # the MCP SDK's HTTP client; only the httpx2 helpers below need it
+    import httpcore2
     import httpx2
 
     _TransportBase: Any = httpx2.AsyncBaseTransport
+    _BackendBase: Any = httpcore2.AsyncNetworkBackend
 except ImportError:  # pragma: no cover
     httpx2 = None  # type: ignore[assignment]
-    _TransportBase = object
+    httpcore2 = None  # type: ignore[assignment]
+    _TransportBase = _BackendBase = object
 
-__all__ = ["AllowlistTransport", "UrlAllowlist", "UrlNotAllowed", "mcp_http_client_factory", "normalize_url"]
+__all__ = [
+    "AllowlistTransport",
+    "GuardedBackend",
+    "UrlAllowlist",
+    "UrlNotAllowed",
+    "guarded_transport",
+    "mcp_http_client_factory",
+    "normalize_url",
+]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _HOST_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
@@ -196,17 +213,78 @@ class UrlAllowlist:
         return f"UrlAllowlist({self.entries!r})"
 
 
+class GuardedBackend(_BackendBase):
+    """An httpcore2 network backend that connects only to addresses the guard resolved and passed.
+
+    httpcore2 keeps the host name for the pool key, the Host header and TLS (SNI and
+    certificate checks); only the TCP connection goes to the checked address.
+    """
+
+    def __init__(self, guard: NetGuard, inner: Any = None) -> None:
+        self.guard = guard
+        self.inner = inner if inner is not None else httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> Any:
+        try:
+            addresses = await self.guard.resolve(host, port)
+        except OSError as exc:
+            raise httpcore2.ConnectError(f"could not resolve {host}: {exc}") from exc
+        failure: Exception = httpcore2.ConnectError(f"could not connect to {host}")
+        for _family, address in addresses:
+            try:
+                return await self.inner.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
+            except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as exc:
+                failure = exc
+        raise failure
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise httpcore2.ConnectError("unix sockets are not reachable from router-side tools")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+def guarded_transport(guard: NetGuard) -> Any:
+    """httpx2's own transport (exceptions mapped as usual) over a pool whose connections go through the guard.
+
+    httpx2 takes no network backend, so its pool is replaced; if that attribute ever
+    goes away this fails loudly rather than connecting unguarded.
+    """
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    if not isinstance(getattr(transport, "_pool", None), httpcore2.AsyncConnectionPool):
+        raise RuntimeError("httpx2.AsyncHTTPTransport has no connection pool to guard")
+    limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+    transport._pool = httpcore2.AsyncConnectionPool(
+        ssl_context=httpx2.create_ssl_context(trust_env=False),
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=GuardedBackend(guard),
+    )
+    return transport
+
+
 class AllowlistTransport(_TransportBase):
-    """An httpx2 transport that checks every request URL (redirect hops included) before sending it.
+    """An httpx2 transport that checks every request URL (redirect hops included) before sending it,
+    and connects only where ``guard`` allows (default: public addresses only).
 
     It also notes what a caller needs to tell an HTTP failure from a protocol one
     after the MCP SDK has wrapped it: the URL it refused, the status of the last
     redirect, and the statuses >= 300 that POSTs got.
     """
 
-    def __init__(self, allowlist: UrlAllowlist, inner: Any = None) -> None:
+    def __init__(self, allowlist: UrlAllowlist, inner: Any = None, *, guard: NetGuard | None = None) -> None:
         self.allowlist = allowlist
-        self.inner = inner if inner is not None else httpx2.AsyncHTTPTransport(trust_env=False)
+        self.inner = inner if inner is not None else guarded_transport(guard if guard is not None else NetGuard())
         self.refused: UrlNotAllowed | None = None
         self.redirect_status: int | None = None
         self.statuses: list[int] = []
@@ -221,7 +299,11 @@ class AllowlistTransport(_TransportBase):
         except UrlNotAllowed as exc:
             self.refused = exc
             raise
-        response = await self.inner.handle_async_request(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except AddressNotAllowed as exc:
+            self.refused = UrlNotAllowed(str(request.url), str(exc))
+            raise self.refused from exc
         status = response.status_code
         if 300 <= status < 400:
             self.redirect_status = status
@@ -245,7 +327,9 @@ class AllowlistTransport(_TransportBase):
         await self.inner.__aexit__(exc_type, exc, tb)
 
 
-def mcp_http_client_factory(allowlist: UrlAllowlist, transport: AllowlistTransport | None = None) -> Any:
+def mcp_http_client_factory(
+    allowlist: UrlAllowlist, transport: AllowlistTransport | None = None, *, guard: NetGuard | None = None
+) -> Any:
     """An ``httpx_client_factory`` for the MCP SDK whose clients go through an AllowlistTransport."""
 
     def factory(headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None) -> Any:
@@ -253,7 +337,7 @@ def mcp_http_client_factory(allowlist: UrlAllowlist, transport: AllowlistTranspo
             headers=headers,
             timeout=timeout if timeout is not None else httpx2.Timeout(30.0),
             auth=auth,
-            transport=transport if transport is not None else AllowlistTransport(allowlist),
+            transport=transport if transport is not None else AllowlistTransport(allowlist, guard=guard),
             follow_redirects=False,
             trust_env=False,
         )

@@ -22,6 +22,11 @@ means the code does not run, and the result says which step failed. The layers:
   ``setns`` back to the host network, no remounting, no writing root's files), and
   RLIMIT_NPROC counts, which it never does for root. The interpreter is the base one
   (never the venv), run as ``python -I -S -u``.
+- a seccomp filter (``router.tools.seccomp``, with no_new_privs) installed by PID 1 right
+  before it execs the interpreter, after every mount the setup needs: no new namespaces
+  (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``), no mounts, no ``ptrace``, BPF,
+  keyrings, io_uring, userfaultfd, modules and the like (EPERM); another syscall ABI kills.
+  No filter for the host's architecture: no run.
 - rlimits AS, CPU, FSIZE, NPROC, NOFILE, CORE=0 per process, and, where the host lets
   us make cgroups (``sandbox.RunCgroups``: v2 with memory and pids controllers, else the
   v1 memory and pids hierarchies, as on this project's machines), one cgroup per run
@@ -32,9 +37,14 @@ means the code does not run, and the result says which step failed. The layers:
   run refuses the run. A minimal env; code on stdin, which then stays at EOF; bounded
   output; a wall-clock timeout that SIGKILLs the process group.
 
+A container belongs to the API key that uses it: its id is a name in that key's own namespace.
+The folder and the sandbox uid derive from a hash of (owner, id), so another key that names the
+same id (``"project-x"``, or an auto ``cntr_...`` id it saw) gets a container of its own, empty,
+with another folder and uid; nothing of the first key's files is reachable from it.
+
 The container folders live under ``root`` (0700, the router's alone: the sandbox reaches
-its folder only through the bind). ``root/.newroot`` is the empty mount point each run
-builds its tmpfs root on, inside its own mount namespace.
+its folder only through the bind), each named by that hash. ``root/.newroot`` is the empty
+mount point each run builds its tmpfs root on, inside its own mount namespace.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import resource
 import secrets
@@ -59,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.tools import sandbox
+from router.tools import sandbox, seccomp
 
 __all__ = ["CodeInterpreter", "CodeResult", "SandboxLimits"]
 
@@ -93,10 +104,14 @@ class CodeResult:
     error: str | None
 
 
-def _sandbox_uid(container_id: str) -> int:
-    """A stable uid per container, so its files stay its own across runs and router restarts."""
-    digest = hashlib.sha256(container_id.encode()).digest()
-    return _UID_BASE + int.from_bytes(digest[:4], "big") % _UID_SPAN
+def _container_key(owner: str, container_id: str) -> str:
+    """Whose container, hashed: the folder's name. The id (checked) never holds a NUL, so the split is unambiguous."""
+    return hashlib.sha256(f"{owner}\0{container_id}".encode()).hexdigest()
+
+
+def _sandbox_uid(key: str) -> int:
+    """A stable uid per container (its key), so its files stay its own across runs and router restarts."""
+    return _UID_BASE + int(key[:8], 16) % _UID_SPAN
 
 
 def _sandbox_python() -> tuple[str, list[str]] | None:
@@ -184,19 +199,20 @@ class CodeInterpreter:
         self.python, self._prefixes = found if found is not None else (None, [])
         self.root.chmod(0o700)
         self._cgroups = sandbox.RunCgroups.find() if self._drop else None  # None: rlimits only
+        self._seccomp = seccomp.program(platform.machine())  # None: no filter here, so no runs
         (self.root / _NEWROOT).mkdir(mode=0o700, exist_ok=True)
 
-    def _folder(self, container_id: str) -> Path:
-        """The container's folder; the id becomes a path, so it is checked before anything else."""
+    def folder(self, container_id: str, owner: str) -> Path:
+        """The folder of ``owner``'s container ``container_id``; the id is checked before anything else."""
         if not isinstance(container_id, str) or not _ID.fullmatch(container_id):
             raise ValueError(f"invalid container id {container_id!r}: want [A-Za-z0-9_-]{{1,64}}")
-        return self.root / container_id
+        return self.root / _container_key(owner, container_id)
 
-    def _lock(self, container_id: str) -> asyncio.Lock:
+    def _lock(self, key: str) -> asyncio.Lock:
         """One run per container at a time, so a run's file snapshot is its own; gone when unused."""
-        lock = self._locks.get(container_id)
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[container_id] = asyncio.Lock()
+            lock = self._locks[key] = asyncio.Lock()
         return lock
 
     def _prepare(self, folder: Path, uid: int | None) -> dict[str, tuple[int, int]]:
@@ -207,13 +223,15 @@ class CodeInterpreter:
             folder.chmod(0o700)
         return _snapshot(folder)
 
-    async def run(self, code: str, container_id: str) -> CodeResult:
-        """Run ``code``; files the program leaves in its folder persist for later runs."""
-        folder = self._folder(container_id)
-        uid = _sandbox_uid(container_id) if self._drop else None
+    async def run(self, code: str, container_id: str, owner: str) -> CodeResult:
+        """Run ``code`` in ``owner``'s container; files the program leaves in its folder persist for later runs."""
+        folder = self.folder(container_id, owner)
+        uid = _sandbox_uid(folder.name) if self._drop else None
         if self.python is None:
             return CodeResult([], None, False, "sandbox refused: no Python the sandbox uid can execute")
-        async with self._lock(container_id):
+        if self._seccomp is None:
+            return CodeResult([], None, False, f"sandbox refused: no seccomp filter for {platform.machine()}")
+        async with self._lock(folder.name):
             before = await asyncio.to_thread(self._prepare, folder, uid)
             logs, exit_code, timed_out, error = await self._execute(code, folder, uid)
             if error is not None:
@@ -238,7 +256,7 @@ class CodeInterpreter:
 
     async def _execute(self, code: str, folder: Path, uid: int | None) -> tuple[str, int | None, bool, str | None]:
         """Spawn, feed, read bounded output, enforce the wall clock: (logs, exit code, timed out, refusal)."""
-        assert self.python is not None
+        assert self.python is not None and self._seccomp is not None
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sandbox.DATA_DIR, "TMPDIR": "/tmp",
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         try:
@@ -257,6 +275,7 @@ class CodeInterpreter:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     self.python, "-I", "-S", "-c", sandbox.LAUNCHER, str(-1 if uid is None else uid), str(status_w),
+                    self._seccomp.hex(),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     env=env, start_new_session=True, close_fds=True, pass_fds=(status_w,),
                     preexec_fn=sandbox.preexec(plan, _rlimits(self.limits), status_w, sandbox.RunCgroups.procs(cgroups)),
@@ -315,8 +334,8 @@ class CodeInterpreter:
             logs += f"\n[output truncated: {total - len(kept)} more bytes not shown]"
         return logs, timed_out
 
-    async def close_container(self, container_id: str) -> None:
-        """Delete the container's folder (after any run in it ends); rmtree never follows links."""
-        folder = self._folder(container_id)
-        async with self._lock(container_id):
+    async def close_container(self, container_id: str, owner: str) -> None:
+        """Delete ``owner``'s container's folder (after any run in it ends); rmtree never follows links."""
+        folder = self.folder(container_id, owner)
+        async with self._lock(folder.name):
             await asyncio.to_thread(shutil.rmtree, folder, True)

@@ -2,7 +2,9 @@
 
 One MCP session per operation: connect, initialize, list or call, close, all
 under one deadline. Every HTTP request, redirect hops included, passes the URL
-allowlist. Failures come back in the Responses API's shapes: ``mcp_call.error``
+allowlist, and every connection the NetGuard (public addresses, plus the networks
+the operator permits; a server named in config is trusted on its own origin,
+since the operator chose it, not a request). Failures come back in the Responses API's shapes: ``mcp_call.error``
 objects for a call, ``MCPClientError.error`` for a listing.
 """
 
@@ -29,6 +31,7 @@ from router.tools.allowlist import (
     mcp_http_client_factory,
     normalize_url,
 )
+from router.tools.netguard import NetGuard
 
 __all__ = ["MCPClientError", "MCPServer", "ToolCallResult", "UrlNotAllowed", "call_tool", "list_tools"]
 
@@ -41,6 +44,8 @@ class MCPServer:
     url: str
     transport: Literal["streamable_http", "sse"] = "streamable_http"
     headers: dict[str, str] = field(default_factory=dict)
+    # Named in the router's config: its origin may be on any address (the operator chose it).
+    configured: bool = False
 
 
 @dataclass
@@ -64,8 +69,8 @@ class _SseTransport(AllowlistTransport):
     (the stream GET, any redirect) must pass the allowlist itself.
     """
 
-    def __init__(self, allowlist: UrlAllowlist, url: str) -> None:
-        super().__init__(allowlist)
+    def __init__(self, allowlist: UrlAllowlist, url: str, guard: NetGuard) -> None:
+        super().__init__(allowlist, guard=guard)
         u = normalize_url(url)
         self._origin = (u.scheme, u.host, u.port)
 
@@ -111,7 +116,8 @@ def _classify(exc: BaseException, transport: AllowlistTransport, timeout_s: floa
     leaves = _leaves(exc)
     if transport.refused is not None:
         code = transport.redirect_status or 403
-        return _http(code, f"redirect to {transport.refused.url} refused: not in the MCP server allowlist")
+        what = "redirect to" if transport.redirect_status else "request to"
+        return _http(code, f"{what} {transport.refused.url} refused: {transport.refused.reason}")
     for leaf in leaves:
         if isinstance(leaf, (TimeoutError, httpx2.TimeoutException)):
             return _http(504, f"MCP server timed out (no answer within {timeout_s:g}s)")
@@ -180,18 +186,26 @@ def _tool_dict(tool: types.Tool) -> dict[str, Any]:
     }
 
 
-def _transport_for(server: MCPServer, allowlist: UrlAllowlist) -> AllowlistTransport:
+def _transport_for(server: MCPServer, allowlist: UrlAllowlist, guard: NetGuard | None) -> AllowlistTransport:
     allowlist.check(server.url)  # before anything connects
+    guard = guard if guard is not None else NetGuard()
+    if server.configured:
+        u = normalize_url(server.url)
+        guard = guard.trusting(u.host, u.port)
     if server.transport == "sse":
-        return _SseTransport(allowlist, server.url)
+        return _SseTransport(allowlist, server.url, guard)
     if server.transport != "streamable_http":
         raise ValueError(f"unknown MCP transport {server.transport!r}")
-    return AllowlistTransport(allowlist)
+    return AllowlistTransport(allowlist, guard=guard)
 
 
-async def list_tools(server: MCPServer, allowlist: UrlAllowlist, *, timeout_s: float) -> list[dict[str, Any]]:
-    """The server's tools as ``mcp_list_tools.tools`` entries; raises UrlNotAllowed or MCPClientError."""
-    transport = _transport_for(server, allowlist)
+async def list_tools(
+    server: MCPServer, allowlist: UrlAllowlist, *, timeout_s: float, guard: NetGuard | None = None
+) -> list[dict[str, Any]]:
+    """The server's tools as ``mcp_list_tools.tools`` entries; raises UrlNotAllowed or MCPClientError.
+
+    ``guard``: which addresses may be connected to (default: public ones only)."""
+    transport = _transport_for(server, allowlist, guard)
     tools: list[dict[str, Any]] = []
     try:
         with anyio.fail_after(timeout_s):
@@ -210,10 +224,16 @@ async def list_tools(server: MCPServer, allowlist: UrlAllowlist, *, timeout_s: f
 
 
 async def call_tool(
-    server: MCPServer, allowlist: UrlAllowlist, name: str, arguments: dict[str, Any], *, timeout_s: float
+    server: MCPServer,
+    allowlist: UrlAllowlist,
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    timeout_s: float,
+    guard: NetGuard | None = None,
 ) -> ToolCallResult:
     """Call one tool; failures come back as ``error`` (an ``mcp_call.error`` object). Raises UrlNotAllowed."""
-    transport = _transport_for(server, allowlist)
+    transport = _transport_for(server, allowlist, guard)
     try:
         with anyio.fail_after(timeout_s):
             async with _session(server, transport, timeout_s) as session:

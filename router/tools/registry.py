@@ -17,6 +17,7 @@ from router.config import ToolsConfig
 from router.protocol.errors import InvalidRequest
 from router.tools.allowlist import UrlAllowlist, UrlNotAllowed
 from router.tools.mcp_client import MCPServer, call_tool, list_tools
+from router.tools.netguard import NetGuard
 
 log = logging.getLogger("router.tools")
 
@@ -41,18 +42,21 @@ class RouterTools:
     max_results: int = 5
     interpreter: Any = None  # a code_interpreter.CodeInterpreter
     max_turns: int = 8
+    guard: NetGuard = field(default_factory=NetGuard)  # where pages and request-named MCP servers may be
 
     @classmethod
     def from_config(cls, config: ToolsConfig, base_dir: Path) -> RouterTools:
-        named = {s.label: MCPServer(s.label, s.url, s.transport, dict(s.headers)) for s in config.mcp.servers}
+        named = {s.label: MCPServer(s.label, s.url, s.transport, dict(s.headers), configured=True)
+                 for s in config.mcp.servers}
         allowlist = UrlAllowlist([*config.mcp.allow, *(s.url for s in config.mcp.servers)])
-        tools = cls(allowlist=allowlist, named=named, mcp_timeout_s=config.mcp.timeout_s, max_turns=config.max_turns)
+        tools = cls(allowlist=allowlist, named=named, mcp_timeout_s=config.mcp.timeout_s, max_turns=config.max_turns,
+                    guard=NetGuard.permitting(config.private_networks))
         if config.web_search is not None:
             from router.tools.web_search import HttpJsonSearch
 
             tools.search = HttpJsonSearch(config.web_search.url, timeout_s=config.web_search.timeout_s,
                                           allowlist=UrlAllowlist([config.web_search.url]),
-                                          allow_private_results=config.web_search.allow_private_results)
+                                          guard=tools.guard)
             tools.max_results = config.web_search.max_results
         if config.code_interpreter is not None:
             from router.tools.code_interpreter import CodeInterpreter, SandboxLimits
@@ -83,7 +87,7 @@ class RouterTools:
             if named is None:
                 raise InvalidRequest(f"mcp tool {label!r} has no server_url and no server of that label is configured",
                                      param=f"{where}.server_url")
-            return MCPServer(label, named.url, named.transport, {**named.headers, **headers})
+            return MCPServer(label, named.url, named.transport, {**named.headers, **headers}, configured=True)
         try:
             self.allowlist.check(url)
         except UrlNotAllowed:
@@ -94,17 +98,18 @@ class RouterTools:
 
     async def list_mcp(self, server: MCPServer) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         try:
-            return await list_tools(server, self.allowlist, timeout_s=self.mcp_timeout_s), None
+            return await list_tools(server, self.allowlist, timeout_s=self.mcp_timeout_s, guard=self.guard), None
         except Exception as exc:  # noqa: BLE001 - a server that fails to list is reported in the item
             log.warning("mcp %s: listing failed: %s", server.label, exc)
             return [], {"type": "http_error", "code": 502, "message": f"could not list tools: {exc}"}
 
     async def run(self, kind: str, name: str, arguments: dict[str, Any], *, server: MCPServer | None = None,
-                  container: str | None = None, browser: Browsing | None = None) -> CallOutcome:
+                  container: str | None = None, browser: Browsing | None = None, owner: str | None = None) -> CallOutcome:
         """Run one call; failures become the item's error and the model reads them, the response goes on."""
         if kind == "mcp":
             assert server is not None
-            result = await call_tool(server, self.allowlist, name, arguments, timeout_s=self.mcp_timeout_s)
+            result = await call_tool(server, self.allowlist, name, arguments, timeout_s=self.mcp_timeout_s,
+                                     guard=self.guard)
             text = result.output if result.error is None else f"error: {result.error.get('message') or result.error}"
             return CallOutcome(text or "", output=result.output, error=result.error)
         if kind == "web_search" and name in ("open_page", "find"):
@@ -118,7 +123,8 @@ class RouterTools:
             text = "\n\n".join(f"[{i + 1}] {r.title}\n{r.url}\n{r.snippet}" for i, r in enumerate(results)) or "no results"
             return CallOutcome(text, sources=[{"type": "url", "url": r.url, "title": r.title} for r in results])
         code = str(arguments.get("code", ""))
-        result = await self.interpreter.run(code, container or "default")
+        assert owner is not None, "a code_interpreter call runs in its owner's container"
+        result = await self.interpreter.run(code, container or "default", owner)
         logs = "\n".join(o.get("logs", "") for o in result.outputs if o.get("type") == "logs")
         if result.timed_out:
             logs += "\n[timed out]"
@@ -216,13 +222,13 @@ class Browsing:
 
 
 async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer],
-                          browser: Browsing | None = None) -> list[CallOutcome]:
+                          browser: Browsing | None = None, *, owner: str) -> list[CallOutcome]:
     """Run independent calls of one turn concurrently; results come back in call order."""
 
     async def one(call: Any) -> CallOutcome:
         tool = call.tool
         server = servers.get(tool.server_label) if tool.kind == "mcp" else None
         return await tools.run(tool.kind, tool.name, call.arguments, server=server, container=call.item.get("container_id"),
-                               browser=browser)
+                               browser=browser, owner=owner)
 
     return list(await asyncio.gather(*(one(c) for c in calls)))

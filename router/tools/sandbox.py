@@ -21,8 +21,10 @@ flag and byte string is prepared in the parent and the child only makes libc cal
 The exec'd launcher (``LAUNCHER``) is still root, outside the new PID namespace; its child is
 the namespace's PID 1, which mounts a fresh ``/proc`` (only a process inside a PID namespace
 can mount the procfs that shows just that namespace), drops to the container's uid, arms
-PDEATHSIG, and execs the interpreter on the code. A failure at any step, in the preexec or in
-PID 1, is written to a status pipe and the code never runs; there is no fallback.
+PDEATHSIG, installs the seccomp filter (``router.tools.seccomp``: no new namespaces, mounts,
+ptrace and the like from here on), and execs the interpreter on the code. A failure at any
+step, in the preexec or in PID 1, is written to a status pipe and the code never runs; there
+is no fallback.
 """
 
 from __future__ import annotations
@@ -56,11 +58,14 @@ _RO = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
 # The exec'd launcher, root, outside the new PID namespace (only its children enter it): it
 # forks PID 1 and mirrors its exit status, signal deaths included. On SIGTERM it kills PID 1
 # and waits, which returns only once the kernel has reaped every process of the namespace.
-# argv: uid (-1: keep ours), the status pipe's fd.
+# PID 1 installs the seccomp filter last, right before exec: the /proc mount above needs what
+# it denies. argv: uid (-1: keep ours), the status pipe's fd, the filter (``seccomp.program``, hex).
 LAUNCHER = """
 import ctypes, os, signal, sys
-uid, status = int(sys.argv[1]), int(sys.argv[2])
+uid, status, bpf = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
 libc = ctypes.CDLL(None, use_errno=True)
+class Prog(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 pid = os.fork()
 if pid == 0:
     try:
@@ -73,6 +78,15 @@ if pid == 0:
             os.setuid(uid)
         if libc.prctl(1, 9) != 0:  # PR_SET_PDEATHSIG, after setuid, which clears it
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if not bpf or len(bpf) % 8:
+            raise OSError(0, "no seccomp filter")
+        filt = ctypes.create_string_buffer(bpf, len(bpf))
+        prog = Prog(len(bpf) // 8, ctypes.addressof(filt))
+        one, zero = ctypes.c_ulong(1), ctypes.c_ulong(0)
+        if libc.prctl(38, one, zero, zero, zero) != 0:  # PR_SET_NO_NEW_PRIVS: required, and no setuid gains
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(prog)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(ctypes.get_errno(), "installing the seccomp filter failed")
         os.execv(sys.executable, [sys.executable, "-I", "-S", "-u", "-"])
     except BaseException as exc:
         os.write(status, f"sandbox PID 1: {exc}".encode())

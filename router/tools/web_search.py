@@ -1,28 +1,33 @@
 """Web search for the router-side ``web_search`` tool: a backend protocol and a SearXNG-style JSON backend.
 
 ``open_page`` is the SSRF-sensitive part: it fetches only a URL that this
-backend itself returned as a result (and not one on a loopback, private or
-link-local address, unless told otherwise) or one the allowlist passes. Every
-redirect hop is judged the same way (a hop on the same origin as an already
-permitted one is allowed too), redirects are followed by hand, and bodies are
-read up to a byte cap.
+backend itself returned as a result or one the allowlist passes, and connects
+only to addresses the NetGuard passed (its resolver answers aiohttp's lookups,
+so the connection goes to the very address that was checked; an IP-literal host,
+which aiohttp does not resolve, is judged before the request). Every redirect
+hop is judged the same way (a hop on the same origin as an already permitted one
+is allowed too), redirects are followed by hand, and bodies are read up to a
+byte cap. The search API itself is the operator's choice and is not judged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
-import ipaddress
 import json
 import re
+import socket
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urljoin
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from router.tools.allowlist import DEFAULT_PORTS, UrlAllowlist, UrlNotAllowed, normalize_url
+from router.tools.netguard import AddressNotAllowed, NetGuard
 
 __all__ = [
     "HttpJsonSearch",
@@ -83,14 +88,23 @@ def html_to_text(markup: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _is_private_host(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        addr = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return not addr.is_global
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver for page fetches: one lookup, every address checked, only checked ones returned."""
+
+    def __init__(self, guard: NetGuard) -> None:
+        self.guard = guard
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        flags = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
+        return [
+            ResolveResult(hostname=host, host=address, port=port, family=fam, proto=0, flags=flags)
+            for fam, address in await self.guard.resolve(host, port, family)
+        ]
+
+    async def close(self) -> None:
+        pass
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -114,7 +128,7 @@ class HttpJsonSearch:
         allowlist: UrlAllowlist | None = None,
         max_page_bytes: int = 2_000_000,
         max_page_chars: int = 20_000,
-        allow_private_results: bool = False,
+        guard: NetGuard | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.base_url = base_url
@@ -122,14 +136,17 @@ class HttpJsonSearch:
         self.allowlist = allowlist or UrlAllowlist([])
         self.max_page_bytes = max_page_bytes
         self.max_page_chars = max_page_chars
-        self.allow_private_results = allow_private_results
+        self.guard = guard if guard is not None else NetGuard()
         self.headers = {"User-Agent": USER_AGENT, **(headers or {})}
         # URLs this backend returned, so open_page can fetch them (bounded, oldest forgotten first), with their titles.
         self._results: OrderedDict[str, str] = OrderedDict()
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self, guard: NetGuard | None = None) -> aiohttp.ClientSession:
+        """A session; with ``guard``, one whose connections go only to addresses the guard passed."""
+        connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard)) if guard is not None else None
         return aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers, trust_env=False
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers, trust_env=False,
+            connector=connector,
         )
 
     def _remember(self, url: str, title: str) -> None:
@@ -194,18 +211,16 @@ class HttpJsonSearch:
         if previous is not None and _same_site(previous, (u.scheme, u.host, u.port)):
             return
         if self._key(url) in self._results:
-            if self.allow_private_results or not _is_private_host(u.host):
-                return
-            raise UrlNotAllowed(url, "search result on a private address")
+            return
         raise UrlNotAllowed(url, "not a search result and not in the allowlist")
 
     async def open_page(self, url: str) -> str:
         """The text of a page from this backend's results (or the allowlist), capped in size."""
         self._permit_page(url)
         try:
-            async with asyncio.timeout(self.timeout_s), self._session() as session:
+            async with asyncio.timeout(self.timeout_s), self._session(self.guard) as session:
                 status, content_type, body, truncated = await self._fetch(
-                    session, url, self._permit_page, limit=self.max_page_bytes
+                    session, url, self._permit_page, limit=self.max_page_bytes, guard=self.guard
                 )
         except (aiohttp.ClientError, OSError, TimeoutError, _TooManyRedirects) as exc:
             raise PageFetchError(f"could not fetch {url}: {_describe(exc, self.timeout_s)}") from exc
@@ -234,10 +249,19 @@ class HttpJsonSearch:
         *,
         params: dict[str, str] | None = None,
         limit: int,
+        guard: NetGuard | None = None,
     ) -> tuple[int, str, bytes, bool]:
-        """GET with redirects followed by hand, each hop passed to ``permit`` first; body read up to ``limit``."""
+        """GET with redirects followed by hand, each hop passed to ``permit`` (and ``guard``) first; body read
+        up to ``limit``. A guard's refusal is UrlNotAllowed for the hop it refused."""
         for _ in range(MAX_REDIRECTS + 1):
-            async with session.get(url, params=params, allow_redirects=False) as resp:
+            try:
+                if guard is not None:
+                    target = URL(url)
+                    guard.check_literal(target.raw_host or "", target.port or 0)
+                resp = await session.get(url, params=params, allow_redirects=False)
+            except AddressNotAllowed as exc:
+                raise UrlNotAllowed(url, str(exc)) from exc
+            async with resp:
                 location = resp.headers.get("Location")
                 if resp.status in (301, 302, 303, 307, 308) and location:
                     previous = _origin(url)

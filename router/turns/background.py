@@ -62,8 +62,8 @@ class BackgroundRuns:
         self._loops = [asyncio.create_task(self._lease_loop(), name="leases"),
                        asyncio.create_task(self._cancel_loop(), name="cancels")]
 
-    async def stop(self, drain_s: float = 10.0) -> None:
-        """Let running responses finish for ``drain_s``, then fail the rest."""
+    async def stop(self, drain_s: float = 5.0, margin_s: float = 2.0) -> None:
+        """Let running responses finish for ``drain_s``, then fail the rest (given ``margin_s`` to store that)."""
         for loop in self._loops:
             loop.cancel()
         if self._runs:
@@ -71,7 +71,7 @@ class BackgroundRuns:
         for task in list(self._runs.values()):
             task.cancel()
         if self._runs:
-            await asyncio.wait(list(self._runs.values()), timeout=5)
+            await asyncio.wait(list(self._runs.values()), timeout=margin_s)
 
     # -- running ---------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
+from backends.errors import WorkerAnswerTooLarge, WorkerTimedOut
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, NoCapacity, UpstreamError
 from router.protocol.ids import ItemIds
@@ -141,7 +142,7 @@ class ResponseRun:
             self._assembler.add_done(self._compaction)
         try:
             deltas = self._turn.completion(answer)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a wrong-shaped answer
             raise await self._failed(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
         asm = self._assembler
         asm.feed(deltas)
@@ -191,11 +192,15 @@ class ResponseRun:
                 try:
                     async for events in self._read_turn():
                         yield events
-                except (WorkerStreamBroken, ValueError, KeyError, TypeError) as exc:
+                except (WorkerStreamBroken, ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.warning("pool %s: stream from %s broke: %s", self.route.pool.name, self._upstream.worker_url, exc)
                     self._upstream.broke()
                     if isinstance(exc, WorkerStreamError):
                         error = UpstreamError(f"the worker failed: {exc.message}", code="upstream_error")
+                    elif isinstance(exc, WorkerAnswerTooLarge | WorkerTimedOut):
+                        error = UpstreamError(f"the worker's stream broke off: {exc}", code="upstream_stream_broken")
+                    elif not isinstance(exc, WorkerStreamBroken):  # a frame of the wrong shape
+                        error = UpstreamError(f"the worker's stream could not be read: {exc}", code="upstream_error")
                     else:
                         error = UpstreamError("the worker's stream broke off before the response was complete",
                                               code="upstream_stream_broken")
@@ -292,7 +297,7 @@ class ResponseRun:
         """Run this turn's router calls; the model's turn and the results join the prompt."""
         assert self.router_tools is not None
         servers = self.prelude.servers if self.prelude is not None else {}
-        outcomes = await gather_outcomes(calls, self.router_tools, servers, self._browsing())
+        outcomes = await gather_outcomes(calls, self.router_tools, servers, self._browsing(), owner=self.owner)
         events: list[Event] = []
         by_id: dict[str, str] = {}
         for call, outcome in zip(calls, outcomes):
