@@ -179,7 +179,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/affinity.py", description=__doc__.split("\n")[0])
-    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    p.add_argument("--no-append", action="store_true", help="print only; do not write bench/RESULTS.md")
     for name, default in vars(Settings()).items():
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
@@ -200,11 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
         info = procs.machine_info()
-        head = [f"## Run {info['date']} (affinity vs round robin)", "",
+        head = [f"Run {info['date']}", "",
                 f"- machine: nproc {info['nproc']}, CPU {info['cpu']}, Python {info['python']}, kernel {info['kernel']}"]
-        with RESULTS.open("a") as f:
-            f.write("\n".join(head + [f"- {n}" for n in notes] + ["", table, ""]) + "\n")
-        print(f"\nappended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+        from bench.report import replace_section
+
+        replace_section(RESULTS, "Latest affinity run", "\n".join(head + [f"- {n}" for n in notes] + ["", table]))
+        print(f"\nwritten to {RESULTS.relative_to(ROOT)} (Latest affinity run)", file=sys.stderr)
     return 0
 
 

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-gil", dest="gil", action="store_false",
                    help="sample every runnable thread, not only the GIL holder (counts a thread that waits "
                         "for the CPU as busy: preemption points such as getrandom get inflated)")
-    p.add_argument("--append", action="store_true", help="append the summaries to bench/RESULTS.md")
+    p.add_argument("--append", action="store_true", help="write the summaries to bench/RESULTS.md (in place of the last profile)")
     args = p.parse_args(argv)
     if shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None:
         print("py-spy is not installed in this venv: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -306,9 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         print(sections[-1])
     shutil.rmtree(workdir, ignore_errors=True)
     if args.append:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write(f"## Profile {time.strftime('%Y-%m-%d %H:%M:%S %Z')} (py-spy {args.rate} Hz, native off)\n\n")
-            f.write("\n".join(sections) + "\n")
+        from bench.report import replace_section
+
+        replace_section(ROOT / "bench" / "RESULTS.md", "Latest profile",
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} (py-spy {args.rate} Hz, native off)\n\n"
+                        + "\n".join(sections))
     return 0
 
 

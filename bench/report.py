@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 NA_CHAT = "n/a (no /v1/chat/completions route yet)"
@@ -288,9 +289,24 @@ def loadgen_busy(res: dict[str, Any]) -> str:
     return f"{top:.0%} of its core at most ({name})"
 
 
+def replace_section(path: Path, title: str, body: str) -> None:
+    """Put ``body`` under the level-2 heading ``title`` in ``path``, in place of what was there
+    (to the next level-2 heading), or at the end: the file holds the latest of each kind of run,
+    and git the ones before."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    heading = f"## {title}\n"
+    section = f"{heading}\n{body.strip()}\n\n"
+    start = text.find(heading)
+    if start < 0:
+        path.write_text(text.rstrip("\n") + "\n\n" + section)
+        return
+    end = text.find("\n## ", start + len(heading))
+    path.write_text(text[:start] + section + (text[end + 1:] if end >= 0 else ""))
+
+
 def results_entry(info: dict[str, str], table: str, notes: list[str]) -> str:
-    """One dated section for bench/RESULTS.md."""
-    head = [f"## Run {info['date']}", "",
+    """The latest full run's section body for bench/RESULTS.md."""
+    head = [f"Run {info['date']}", "",
             f"- machine: nproc {info['nproc']}, CPU {info['cpu']}, Python {info['python']}, kernel {info['kernel']}"]
     head += [f"- {n}" for n in notes]
     return "\n".join(head + ["", table, ""]) + "\n"

@@ -3,7 +3,7 @@
 Starts sim workers (zero-latency unless a request's marker paces them) and
 the router as real processes, drives them from a pinned load-generator
 process, prints a table of ratios against the targets of the performance
-issue and appends it, with the machine's description, to bench/RESULTS.md.
+issue and writes it, with the machine's description, to bench/RESULTS.md in place of the last one.
 
 Phases: (A) one sim + one router: direct chat baseline, chat passthrough
 (when the route exists), /v1/responses non-stream, c=1 again in alternating
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rev", help="run the router and sim of this git revision (git archive) "
                                  "instead of the working tree, e.g. HEAD while the tree is mid-edit")
     p.add_argument("--layout", choices=("auto", "router-alone", "none"), default="auto", help="CPU pinning")
-    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    p.add_argument("--no-append", action="store_true", help="print only; do not write bench/RESULTS.md")
     p.add_argument("--keep", action="store_true", help="keep the work folder (configs, logs, SQLite files)")
     p.add_argument("--items", default="1,2,3,4,5,7,8",
                    help="which items to run, e.g. 2,3 (6 comes with 1 and 2; 8: items 2 and 3 on a harmony pool)")
@@ -227,14 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                      "round robin in the sim column, affinity in the router column")
     print("\n".join(f"- {n}" for n in notes))
     if not args.no_append:
-        before = RESULTS.read_bytes() if RESULTS.exists() else b""
-        with RESULTS.open("a") as f:
-            if not before:
-                f.write("# Benchmark results\n\nAppended by `bench/run.py`; newest last.\n\n")
-            elif not before.endswith(b"\n\n"):  # a heading needs a blank line before it
-                f.write("\n" if before.endswith(b"\n") else "\n\n")
-            f.write(report.results_entry(info, table, notes))
-        print(f"\nappended to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+        report.replace_section(RESULTS, "Latest full run", report.results_entry(info, table, notes))
+        print(f"\nwritten to {RESULTS.relative_to(ROOT)} (Latest full run)", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,7 @@ The streaming path sends the events; the non-streaming path drops them and
 returns ``response``. Both run exactly this code, so they cannot disagree.
 Events are plain dicts (a pydantic event per token costs ~4x more).
 
-Ordering rules kept here (DESIGN.md, "Invariants"): ``response.created``
+Ordering rules kept here (as OpenAI streams them): ``response.created``
 first; an item's ``output_item.added`` before its parts and deltas;
 ``content_part.added`` before text deltas; dense ``output_index`` in arrival
 order; stable item ids; the full ``output`` in the terminal event.

@@ -1,0 +1,115 @@
+"""The house rules of docs/ARCHITECTURE.md: which layer may import which, and a README that names
+every config key."""
+
+from __future__ import annotations
+
+import ast
+import re
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from router.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each layer and the layers it may import (besides itself). docs/ARCHITECTURE.md, "Layers".
+ALLOWED: dict[str, set[str]] = {
+    "router.cli": {"*"},
+    "router.app": {"*"},
+    "router.__main__": {"router.cli"},
+    "router": set(),  # router/__init__.py
+    "router.api": {"router.turns", "router.state", "router.tools", "router.protocol", "router.metrics",
+                   "router.config", "backends"},
+    "router.turns": {"router.dialects", "router.state", "router.tools", "router.protocol", "router.config",
+                     "backends", "policies"},
+    "router.dialects": {"router.protocol", "backends.engines"},
+    "router.tools": {"router.protocol", "router.config"},
+    "router.state": {"router.protocol", "router.config"},
+    "router.protocol": set(),
+    "router.config": {"router.protocol"},
+    "router.metrics": {"router.protocol", "router.config"},
+    "router.report": {"router.protocol", "router.config", "router.metrics"},
+    "backends": {"policies"},
+    "policies": set(),
+}
+PACKAGES = ("router", "backends", "policies")
+
+
+def _layer(module: str) -> str:
+    """The layer a module belongs to: ``router.<sub>`` for the router's parts, else its package."""
+    parts = module.split(".")
+    if parts[0] == "router" and len(parts) > 1:
+        return f"router.{parts[1]}"
+    return parts[0]
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports from the three packages, top level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import (the layer rules read absolute ones)")
+    return [name for name in found if name.split(".")[0] in PACKAGES]
+
+
+def _allowed(source: str, target: str) -> bool:
+    if _layer(target) == source:
+        return True
+    allowed = ALLOWED[source]
+    return "*" in allowed or any(target == a or target.startswith(a + ".") or _layer(target) == a for a in allowed)
+
+
+def test_no_layer_imports_above_itself() -> None:
+    files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    assert len(files) > 50
+    wrong = []
+    for path in files:
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        source = _layer(module.removesuffix(".__init__"))
+        assert source in ALLOWED, f"{module}: a layer docs/ARCHITECTURE.md does not list ({source})"
+        for target in _imports(path):
+            if target.split(".")[0] in ("bench", "tests") or not _allowed(source, target):
+                wrong.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not wrong, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_the_rule_check_catches_an_upward_import(tmp_path: Path) -> None:
+    """The check above reads what it should: an upward import is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from router.api.server import RouterHttpProtocol\n")
+    assert not _allowed("router.turns", _imports(bad)[0])
+    assert not _allowed("backends", "router.protocol.errors")
+    assert _allowed("router.dialects", "backends.engines")
+    assert not _allowed("router.dialects", "backends.wire")
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every config key, dotted by section (``server.port``, ``pools.managed.replicas``)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        for inner in _models(field.annotation):
+            keys += _keys(inner, f"{prefix}{name}.")
+    return keys
+
+
+def _models(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def test_the_readme_names_every_config_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Configuration"):]
+    section = section[:section.index("\n## ", 10)]
+    spans = re.findall(r"`([^`]+)`", section)
+    named = {word for span in spans for word in re.findall(r"[a-z_0-9]+", span)}
+    missing = [key for key in _keys(Config) if not set(key.split(".")) <= named]
+    assert not missing, f"config keys the README's configuration table does not name: {missing}"
