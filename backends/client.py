@@ -214,8 +214,8 @@ class SSEStream:
             conn.finish(self._gen, drain=self._done)
         raise WorkerStreamBroken("the worker closed the stream before [DONE]")
 
-    async def push(self, on_batch: Callable[[list[Any]], bool], decode: Callable[[bytes], Any] | None = None,
-                   cut: Callable[[bytes], bool] | None = None) -> AsyncIterator[None]:
+    async def push(self, on_batch: Callable[[list[Any]], bool],
+                   decode: Callable[[bytes], Any] | None = None) -> AsyncIterator[None]:
         """Hand each batch to ``on_batch`` as it arrives, from the connection's ``data_received``.
 
         ``on_batch`` returns False when its consumer cannot take more now: reading
@@ -223,12 +223,6 @@ class SSEStream:
         reading resumes when iteration goes on. Failures, ``on_batch``'s own
         included, are raised here, in the consumer's task. ``decode`` makes a
         payload a batch element (orjson.loads unless given; see ``_decode``).
-
-        ``cut``: a read that is one whole frame of one data line, the stream holding
-        no partial frame, goes to ``cut`` as its payload first (``Connection.cut``:
-        past the HTTP parser, the frame split and ``on_batch``). True: it handled
-        the payload as ``on_batch`` would have, all of it; False: it changed
-        nothing, and the read takes the usual way.
         """
         self._decode = decode or orjson.loads
         conn = self._conn
@@ -244,30 +238,15 @@ class SSEStream:
                     conn.pause()
             except Exception as exc:  # raised again in the consumer's task
                 failure = exc
-                conn.sink = conn.cut = None
+                conn.sink = None
                 conn.pause()
             if failure is not None or held or self._done or self._error is not None:
                 conn._wake()
-
-        def frame_cut(body: bytes) -> bool:
-            nonlocal failure
-            if body[:6] != b"data: " or body.find(b"\n") != len(body) - 2 or body[-1] != 10 or self._buffer:
-                return False
-            try:
-                return cut(body[6:-2])  # type: ignore[misc]
-            except Exception as exc:  # as in feed: raised again in the consumer's task
-                failure = exc
-                conn.sink = conn.cut = None
-                conn.pause()
-                conn._wake()
-                return True
 
         try:
             if conn.chunks:  # bytes that came with the headers
                 feed(conn.take())
             conn.sink = feed
-            if cut is not None:
-                conn.cut = frame_cut
             while True:
                 if held:
                     held = False
@@ -285,7 +264,7 @@ class SSEStream:
                     break
                 await conn.wait()
         finally:
-            conn.sink = conn.cut = None
+            conn.sink = None
             conn.finish(self._gen, drain=self._done)
         raise WorkerStreamBroken("the worker closed the stream before [DONE]")
 

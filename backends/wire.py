@@ -64,11 +64,6 @@ class Connection(asyncio.Protocol):
         # Push mode (SSEStream.push): body bytes go to this callable from data_received, at once,
         # instead of waking a reader task per read.
         self.sink: Callable[[bytes], None] | None = None
-        # Cut-through (SSEStream.push): a read that is one whole chunk of a chunked body, the parser
-        # at a chunk boundary, goes to this callable as the chunk's payload, past the parser; True:
-        # taken. False: it changed nothing, and the read is parsed as any other.
-        self.cut: Callable[[bytes], bool] | None = None
-        self.boundary = False  # the parser is between two chunks of a chunked body
         self.status = 0
         self.content_type = "application/json"
         self.length = -1  # Content-Length, when the answer has one
@@ -95,20 +90,6 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         self.last_read = self.loop.time()
-        cut = self.cut
-        if cut is not None and self.boundary and not self.chunks:
-            # One whole chunk (size line, payload, CRLF) needs nothing from the parser, which stays
-            # between chunks: a paced stream's every read. A size of hex digits only, without a
-            # leading zero (int() would also take a sign, spaces, underscores and "0x"; the parser not).
-            end = data.find(b"\r\n")
-            if 0 < end < 9 and data[0] != 48 and data[-2:] == b"\r\n" and data[:end].isalnum():
-                try:
-                    size = int(data[:end], 16)
-                except ValueError:  # not hex: the parser says so
-                    pass
-                else:
-                    if len(data) == end + size + 4 and cut(data[end + 2:-2]):
-                        return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -141,12 +122,6 @@ class Connection(asyncio.Protocol):
         elif len(name) == 14 and name.lower() == b"content-length" and value.isdigit():
             self.length = int(value)
 
-    def on_chunk_header(self) -> None:
-        self.boundary = False
-
-    def on_chunk_complete(self) -> None:
-        self.boundary = True
-
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.headers_done = True
@@ -168,7 +143,6 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.boundary = False  # nothing after the last chunk is a chunk of this answer
         self.keep_alive = self.parser.should_keep_alive()  # only valid inside the callback
         if self.draining:
             self.draining = False
@@ -312,7 +286,7 @@ class Connection(asyncio.Protocol):
         (``[DONE]``) and the last bytes of the body may still be on their way."""
         if gen != self.gen or not self.active or self.draining:
             return
-        self.sink = self.cut = None
+        self.sink = None
         if drain and not self.complete and self.error is None and not self.closed:
             self.draining = True  # on_message_complete finishes it; the watchdog still runs
             return
@@ -327,7 +301,7 @@ class Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.active = self.draining = False
-        self.sink = self.cut = None
+        self.sink = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

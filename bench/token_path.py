@@ -117,8 +117,8 @@ def path(encoding: Any = None, cut: bool = True) -> SimpleNamespace:
     """The per-token path's real objects over stand-in sockets, the worker's answer head read:
     ``conn`` takes the worker's reads, ``socket.writes`` what reached the client, ``flow.write_paused``
     backs the client's socket up; ``pushing`` is the push reader, not started. A chat pool's turn,
-    or with an ``encoding`` a harmony one's; with ``cut``, the cut-through where the tree has one.
-    Also tests/test_cut_through.py's."""
+    or with an ``encoding`` a harmony one's; with ``cut``, the cut-through where the tree has one
+    (trees before its removal: a ``--baseline`` run measures them as they were)."""
     from backends.client import SSEStream
     from backends.wire import Connection
     from router.api.server import RouterHttpProtocol

@@ -23,9 +23,7 @@ encodes an item, frames it as a chunk and writes it at once (~3 us per streamed
 token less than an ASGI ``send``). It writes only while the response is
 streaming, the client is there and the socket keeps up; otherwise it returns
 False, encoding nothing, and the caller sends the item through ASGI, which
-waits for the socket. ``router.delta_writer`` gives the same for the frames of one
-delta event made from a text and a number, with no event and no encoder (the
-runner's cut-through of a streamed token, ``Assembler.text_cut``).
+waits for the socket.
 
 This module is the router's one adapter to uvicorn's internals (its httptools
 protocol, request cycle and sans-I/O WebSocket protocol): ``pyproject.toml``
@@ -209,8 +207,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self.guard.phase(self) != "head":  # after an idle keep-alive: the head's term starts with its first byte
             self.guard.expect(self, "head", self.loop)
-        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer,  # type: ignore[typeddict-unknown-key]
-                                    "router.delta_writer": self.delta_writer}
+        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer}  # type: ignore[typeddict-unknown-key]
 
     def on_headers_complete(self) -> None:
         self.guard.expect(self, "body", self.loop)
@@ -302,30 +299,6 @@ class RouterHttpProtocol(HttpToolsProtocol):
                     raw.write(frame)
                 else:
                     holder.write(frame)
-            return True
-
-        return write
-
-    def delta_writer(self, scope: dict[str, Any], pre: bytes, mid: bytes, post: bytes) -> Callable[[bytes, int], bool] | None:
-        """``chunk_writer`` for frames made of a text and a number: ``write(text, number)`` writes
-        ``pre + text + mid + b"%d" % number + post`` as one chunk (True), or nothing (False), on
-        the same conditions. A streamed token's frame without an event dict or an encoder
-        (router/turns/assembler.py, ``Assembler.text_cut``)."""
-        cycle, raw, holder = self.cycle, self.raw, self.transport
-        if cycle is None or cycle.scope is not scope:
-            return None
-        flow = cycle.flow
-        fixed = len(pre) + len(mid) + len(post)
-
-        def write(text: bytes, number: int) -> bool:  # chunk_writer's test and write, repeated: no call more per token
-            if not cycle.chunked_encoding or cycle.response_complete or cycle.disconnected or flow.write_paused:
-                return False
-            digits = b"%d" % number
-            frame = b"%x\r\n%s%s%s%s%s\r\n" % (fixed + len(text) + len(digits), pre, text, mid, digits, post)
-            if holder.held is None:  # type: ignore[attr-defined]
-                raw.write(frame)
-            else:
-                holder.write(frame)
             return True
 
         return write

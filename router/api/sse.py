@@ -37,28 +37,11 @@ def encode_events(events: list[dict[str, Any]]) -> bytes:
     return b"".join(_head(ev["type"]) + orjson.dumps(ev) + b"\n\n" for ev in events)
 
 
-_TEXT_MARK = "\x01\x02"  # in JSON: "\u0001\u0002", which no text of a delta the cut takes holds
-_NUMBER_MARK = 987654321987654321
-
-
-def delta_parts(event: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
-    """``encode_events([event])`` around its ``delta`` (a str) and its ``sequence_number``, in that
-    order: ``pre + text + mid + b"%d" % number + post`` is the frame of a copy whose delta's JSON
-    string is ``"text"`` and whose number is ``number`` (tests/test_cut_through.py)."""
-    frame = encode_events([{**event, "delta": _TEXT_MARK, "sequence_number": _NUMBER_MARK}])
-    text_mark, number_mark = orjson.dumps(_TEXT_MARK), b'"sequence_number":%d' % _NUMBER_MARK
-    text = frame.index(text_mark)
-    number = frame.index(number_mark, text) + len(b'"sequence_number":')
-    return frame[:text + 1], frame[text + len(text_mark) - 1:number], frame[number + len(b"%d" % _NUMBER_MARK):]
-
-
 def _as_is(item: bytes) -> bytes:
     return item
 
 
-# A delta event -> a writer of its frames with another text (JSON string bytes, no quotes) and number.
-DeltaWriters = Callable[[dict[str, Any]], "Callable[[bytes, int], bool] | None"]
-Attach = Callable[[Callable[[Any], bool] | None, DeltaWriters | None], None]
+Attach = Callable[[Callable[[Any], bool] | None], None]
 
 
 class StreamBody:
@@ -69,9 +52,7 @@ class StreamBody:
     ``attach`` is given a writer that sends an item now (True) or cannot, the
     socket being backed up or the client gone (False): a producer may write
     through it from a callback instead of yielding, and yield what it refused.
-    Beside it, for an event stream, a maker of writers of one delta event's
-    frames from its text and number (``DeltaWriters``; None where the server
-    has none). It gets None, None when the answer ends.
+    It gets None when the answer ends.
     """
 
     def __init__(self, source: AsyncIterator[Any], *, encode: Callable[[Any], bytes] | None = None, tail: bytes = b"",
@@ -83,13 +64,6 @@ class StreamBody:
         self.tail = tail
         self.status_code = status
         self.headers = {"content-type": media_type, **(headers or {})}
-
-    def _delta_writers(self, scope: dict[str, Any]) -> DeltaWriters | None:
-        """``DeltaWriters`` over the server's ``router.delta_writer`` (router/api/server.py), for events."""
-        delta_writer = (scope.get("extensions") or {}).get("router.delta_writer")
-        if delta_writer is None or self.encode is not encode_events:
-            return None
-        return lambda event: delta_writer(scope, *delta_parts(event))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         task = asyncio.current_task()
@@ -109,7 +83,7 @@ class StreamBody:
         chunk_writer = (scope.get("extensions") or {}).get("router.chunk_writer")  # router/api/server.py
         write = chunk_writer(scope, encode) if chunk_writer is not None else None
         if write is not None and self.attach is not None:
-            self.attach(write, self._delta_writers(scope))
+            self.attach(write)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:
@@ -123,7 +97,7 @@ class StreamBody:
         finally:
             watcher.cancel()
             if self.attach is not None:
-                self.attach(None, None)
+                self.attach(None)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 try:

@@ -261,8 +261,6 @@ class ChatTurn:
         # the general way, so only parsed chunks then.
         decoder = None if options.think_tags else ChunkDecoder()
         self.decode: Callable[[bytes], Any] = chunk_object if decoder is None else decoder.decode
-        self.plain_text: Callable[[bytes], bytes | None] | None = None if decoder is None else decoder.plain_text
-        self.plain_reasoning: Callable[[bytes], bytes | None] | None = None if decoder is None else decoder.plain_reasoning
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         messages = to_messages(items, self._req.instructions, self._options)

@@ -143,31 +143,6 @@ class ChunkDecoder:
                         pass
         return self._parse(payload)
 
-    def plain_text(self, payload: bytes) -> bytes | None:
-        """The bytes of the answer text of a payload ``decode`` would give as text unparsed, else None.
-
-        They stand for themselves in JSON (no quote, backslash or control character), so they are
-        the text's JSON string without its quotes, as orjson writes it; UTF-8 is not checked here.
-        For the runner's cut-through (``Assembler.text_cut``), which writes them as they are.
-        """
-        if self._cut and len(payload) > self._cut:
-            start, end = self._start, self._end
-            if payload[:start] == self._head and payload[end:] == self._tail:
-                content = payload[start:end]
-                if _NOT_PLAIN.search(content) is None:
-                    return content
-        return None
-
-    def plain_reasoning(self, payload: bytes) -> bytes | None:
-        """``plain_text`` for a payload ``decode`` would give as a ``ReasoningText`` unparsed."""
-        if self._rcut and len(payload) > self._rcut:
-            start, end = self._rstart, self._rend
-            if payload[:start] == self._rhead and payload[end:] == self._rtail:
-                content = payload[start:end]
-                if _NOT_PLAIN.search(content) is None:
-                    return content
-        return None
-
     def _parse(self, payload: bytes) -> Any:
         chunk = chunk_object(payload)
         text = text_only(chunk)

@@ -55,7 +55,6 @@ class HarmonyTurn:
         # vLLM's plain frames, read without parsing; SGLang's cumulative ones without what came before
         self._template = IdsTemplate() if engine != "sglang" else None
         self._cumulative = CumulativeFrames() if engine == "sglang" else None
-        self.plain_text = self.plain_reasoning = None  # a token id is no text: every frame goes through decode
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req

@@ -18,11 +18,6 @@ class DialectTurn(Protocol):
     # How the stream's payloads are decoded, when the dialect knows a cheaper way than JSON for
     # some of them (None: JSON). A plain text chunk may then come to ``chunk`` as its text, a str.
     decode: Callable[[bytes], Any] | None
-    # The bytes of the answer text of a payload that is nothing but a piece of it, when the
-    # dialect can tell without parsing, as they stand in JSON (quotes, backslashes and control
-    # characters excluded); else None. The runner's cut-through (``Assembler.text_cut``).
-    plain_text: Callable[[bytes], bytes | None] | None
-    plain_reasoning: Callable[[bytes], bytes | None] | None  # the same for a piece of reasoning
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         """The worker's request body for one model turn over ``items``."""

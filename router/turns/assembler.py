@@ -103,64 +103,6 @@ class Assembler:
         self._seq += 1
         return [event]
 
-    def text_cut(self, plain_text: Callable[[bytes], bytes | None], plain_reasoning: Callable[[bytes], bytes | None],
-                 deltas: Callable[[Event], Callable[[bytes, int], bool] | None], timer: Any,
-                 held: list[Any]) -> Callable[[bytes], bool]:
-        """``text`` (or ``reasoning``) and the write of its event straight from a worker's payload:
-        the runner's cut-through.
-
-        ``cut(payload)`` takes a payload that ``plain_text`` (the dialect's) finds to be nothing
-        but a piece of the answer, while an answer message's output_text part is open, or that
-        ``plain_reasoning`` finds to be nothing but a piece of reasoning, while a reasoning item
-        is open; and only while nothing is ``held``. It writes the event ``text`` (``reasoning``)
-        would give through the open part's writer from ``deltas`` (the server's, made once per
-        part from the event's template: the text's JSON string bytes and the number go in),
-        then changes the state as they and the reader would. Anything else, or a writer that
-        cannot write now: False, and nothing changed, so the payload takes the usual way. The
-        same events and state as that way (tests/test_cut_through.py). Measured
-        (bench/instructions.py): 41.9k -> 38.7k instructions per streamed token of the whole
-        router; the read no longer goes through httptools, orjson or an event dict.
-        """
-        template: Event | None = None
-        write: Callable[[bytes, int], bool] | None = None
-        plain = plain_text
-
-        def cut(payload: bytes) -> bool:
-            nonlocal template, write, plain
-            item = self._open
-            if held:
-                return False
-            kind = type(item)
-            if kind is MessageItem:
-                if item.text_delta is not template:  # a new part (its template is made by ``text``)
-                    template, plain = item.text_delta, plain_text
-                    write = (None if template is None or item.phase is not None or item.part != "output_text"  # type: ignore[union-attr]
-                             else deltas(template))
-            elif kind is ReasoningItem:
-                if item.delta_event is not template:  # type: ignore[union-attr]
-                    template, plain = item.delta_event, plain_reasoning  # type: ignore[union-attr]
-                    write = deltas(template)
-            else:
-                return False
-            if write is None:
-                return False
-            content = plain(payload)
-            if content is None:
-                return False
-            try:
-                text = content.decode()
-            except UnicodeDecodeError:
-                return False
-            if not write(content, self._seq):
-                return False
-            item.chunks.append(text)  # type: ignore[union-attr]
-            self._seq += 1
-            if timer is not None:
-                timer.token(1)
-            return True
-
-        return cut
-
     def reasoning(self, text: str) -> list[Event] | None:
         """``feed([ReasoningDelta(text)])`` for non-empty ``text`` when a reasoning item is open
         (every piece of a streamed chain of thought but the first), else None: then ``feed`` it.

@@ -41,7 +41,6 @@ from router.turns.tool_items import RouterCallItem
 from router.turns.upstream import Upstream
 
 log = logging.getLogger("router.turns")
-DeltaWriters = Callable[[Event], "Callable[[bytes, int], bool] | None"]
 
 # The message the router cancels its request tasks with once a stop's grace is over (router/cli.py):
 # a run seeing it ends as failed, code router_stopped, and says so to its client, instead of being cut.
@@ -89,8 +88,6 @@ class ResponseRun:
     failure_events: list[Event] = field(default_factory=list)  # set when the run failed before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
-    # Beside it: a delta event -> a writer of its frames from a text's JSON bytes and a number (the cut-through).
-    deltas: DeltaWriters | None = None
     _tool_calls_run: int = 0
     _persisted: bool = False  # stored once already: later puts only update it (a background run, a leased stream)
     _timer: Any = None
@@ -239,11 +236,9 @@ class ResponseRun:
         finally:
             self._close_stream()
 
-    def attach_writer(self, write: Callable[[list[Event]], bool] | None, deltas: DeltaWriters | None = None) -> None:
-        """The SSE answer's direct writer (router/api/sse.py), for as long as it sends, and its
-        maker of delta frame writers (``Assembler.text_cut``), where the server has one."""
+    def attach_writer(self, write: Callable[[list[Event]], bool] | None) -> None:
+        """The SSE answer's direct writer (router/api/sse.py), for as long as it sends."""
         self.direct = write
-        self.deltas = deltas
 
     async def _compact(self) -> None:
         """``context_management``: past the threshold, the turns before the last user message become a summary."""
@@ -283,10 +278,7 @@ class ResponseRun:
                 while held:
                     yield held.pop(0)
         else:
-            plain_text, plain_reasoning = getattr(self._turn, "plain_text", None), getattr(self._turn, "plain_reasoning", None)
-            cut = (asm.text_cut(plain_text, plain_reasoning, self.deltas, self._timer, held)
-                   if plain_text is not None and plain_reasoning is not None and self.deltas is not None else None)
-            async for _ in stream.push(on_batch, payloads, cut):
+            async for _ in stream.push(on_batch, payloads):
                 while held:
                     yield held.pop(0)
         events = asm.feed(self._turn.end()) + asm.close_turn()
