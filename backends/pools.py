@@ -1,13 +1,15 @@
-"""Pools of workers: health, in-flight counts, picking a worker.
+"""Pools of workers: health, in-flight counts, circuits, picking a worker.
 
 A pool owns one WorkerClient (one aiohttp session) and a health loop. The
-choice among healthy workers is delegated to a policy from ``policies``.
+choice among healthy workers is delegated to a policy from ``policies``; each
+worker's circuit breaker (backends/breaker.py) decides whether it takes calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from backends.breaker import CIRCUIT_FAILURES, Breaker
 from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from policies.balance import Balancer
@@ -33,16 +36,12 @@ class Worker:
     waiting: float = 0.0  # requests queued inside the engine, when its metrics are scraped
     kv_usage: float = 0.0  # the engine's KV cache usage, 0..1, when its metrics are scraped
     process: Any = None  # the launcher's ManagedWorker, for managed pools
-    # Circuit breaker: consecutive failed calls (5xx, lost connections); open = not routed to until open_until.
-    failures: int = 0
-    open_until: float = 0.0
-    opened: int = 0  # how often it opened in a row (the cool-down doubles each time)
+    breaker: Breaker = field(default_factory=Breaker)  # failed calls through the worker's fault
 
     @property
     def circuit(self) -> str:
-        if self.failures < CIRCUIT_FAILURES:
-            return "closed"
-        return "open" if time.monotonic() < self.open_until else "half_open"
+        """closed, open (no calls) or half_open (one trial call)."""
+        return self.breaker.state(time.monotonic())
 
     @property
     def load(self) -> float:
@@ -71,15 +70,15 @@ class Worker:
 KV_LOAD_WEIGHT = 0.5
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_MARK_DOWN = 3
-# A worker whose calls failed this many times in a row is not routed to for a cool-down
-# (5 s, doubling up to 60 s while it keeps failing); then one request tries it again.
-CIRCUIT_FAILURES = 5
-CIRCUIT_COOLDOWN_S = 5.0
-CIRCUIT_COOLDOWN_MAX_S = 60.0
 
 
 class NoHealthyWorker(Exception):
-    pass
+    """No worker can take a call now. ``code`` says why: ``no_healthy_worker`` (none passes its
+    health checks) or ``circuit_open`` (healthy ones exist, but every one's circuit is open)."""
+
+    def __init__(self, message: str, code: str = "no_healthy_worker") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(eq=False)
@@ -146,8 +145,14 @@ class Pool:
         matter only to an affinity pool.
         """
         now = time.monotonic()
-        candidates = [w for w in self.workers if w.healthy and w not in exclude and w.open_until <= now]
+        healthy = [w for w in self.workers if w.healthy and w not in exclude]
+        candidates = [w for w in healthy if w.breaker.admits(now)]
         if not candidates:
+            if healthy:
+                wait = min(w.breaker.remaining(now) for w in healthy)
+                trial = f"next trial call in {math.ceil(wait)} s" if wait else "a trial call is under way"
+                raise NoHealthyWorker(f"circuit open on all workers of pool {self.name!r} (after "
+                                      f"{CIRCUIT_FAILURES} failed calls in a row; {trial})", code="circuit_open")
             raise NoHealthyWorker(f"pool {self.name!r} has no healthy worker")
         if self.affinity is None:
             return self.balancer.choose(candidates)
@@ -156,26 +161,34 @@ class Pool:
             self.affinity_moves[choice.why] = self.affinity_moves.get(choice.why, 0) + 1
         return choice.candidate
 
-    def record_success(self, worker: Worker) -> None:
-        if worker.failures:
-            if worker.failures >= CIRCUIT_FAILURES:
-                log.info("pool %s: worker %s circuit closed", self.name, worker.url)
-            worker.failures = worker.opened = 0
-            worker.open_until = 0.0
+    def acquire(self, worker: Worker) -> int:
+        """A call goes to ``worker`` (just picked); its ticket for ``record_*`` and ``release``."""
+        worker.in_flight += 1
+        return worker.breaker.admit(time.monotonic())
 
-    def record_failure(self, worker: Worker, reason: str) -> None:
-        """A call failed on the worker's side (not the client's): count it towards opening the circuit."""
-        worker.failures += 1
+    def release(self, worker: Worker, ticket: int, *, served: bool = True) -> None:
+        """The call is over (its outcome recorded or not: a half-open trial without one frees its slot)."""
+        worker.in_flight -= 1
+        if served:
+            worker.served += 1
+        worker.breaker.done(ticket)
+
+    def record_success(self, worker: Worker, ticket: int) -> None:
+        if worker.breaker.success(ticket, time.monotonic()):
+            log.info("pool %s: worker %s circuit closed", self.name, worker.url)
+
+    def record_failure(self, worker: Worker, reason: str, ticket: int) -> None:
+        """A call failed through the worker's fault (not the request's): towards opening its circuit.
+        Failures of one event (a crash breaking every open stream) count once: backends/breaker.py."""
         worker.last_error = reason
-        if worker.failures >= CIRCUIT_FAILURES:
-            cooldown = min(CIRCUIT_COOLDOWN_MAX_S, CIRCUIT_COOLDOWN_S * 2**worker.opened)
-            worker.opened += 1
-            worker.open_until = time.monotonic() + cooldown
+        cooldown = worker.breaker.failure(ticket, time.monotonic())
+        if cooldown is not None:
             log.warning("pool %s: worker %s circuit open for %.0f s after %d failures: %s",
-                        self.name, worker.url, cooldown, worker.failures, reason)
+                        self.name, worker.url, cooldown, worker.breaker.failures, reason)
 
     def mark_down(self, worker: Worker, reason: str) -> None:
-        """A passive signal: a call could not reach the worker. The health loop brings it back."""
+        """A passive signal: a call could not reach the worker (or its process exited). The health
+        loop brings it back."""
         if worker.healthy:
             log.warning("pool %s: worker %s marked down: %s", self.name, worker.url, reason)
         worker.healthy = False
@@ -195,6 +208,11 @@ class Pool:
         except WorkerUnavailable as exc:
             reason = f"health check failed: {exc}"
         if reason is None:
+            if not worker.healthy or worker.health_failures:
+                # Back after being seen down (restarted): an open circuit gets its trial now, not
+                # after a cool-down that the failures of its outage may have run up.
+                if worker.breaker.recovered(time.monotonic()):
+                    log.info("pool %s: worker %s is back: circuit half-open", self.name, worker.url)
             if not worker.healthy:
                 log.info("pool %s: worker %s healthy", self.name, worker.url)
             worker.healthy = True
@@ -233,14 +251,20 @@ class Pool:
 
     def describe(self) -> dict[str, Any]:
         """``available_workers``: healthy and not shut off by an open circuit, i.e. what requests can
-        reach now; the status follows it (all of them: ok, some: degraded, none: down)."""
+        reach now; the status follows it (all of them: ok, some: degraded, none: down). ``reason``
+        says why a pool is down: ``no healthy worker`` or ``circuit open on all workers`` (they
+        pass their health checks, but their calls failed)."""
         healthy = sum(w.healthy for w in self.workers)
         available = sum(w.healthy and w.circuit != "open" for w in self.workers)
+        reason = None
+        if not available:
+            reason = "circuit open on all workers" if healthy else "no healthy worker"
         return {
             "name": self.name,
             "engine": self.engine.name,
             "model": self.model,
             "status": "ok" if available == len(self.workers) and available else ("degraded" if available else "down"),
+            "reason": reason,
             "healthy_workers": healthy,
             "available_workers": available,
             "affinity_moves": dict(self.affinity_moves),

@@ -27,6 +27,7 @@ REFUSAL_TEXT = "I can't help with that."
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 MAX_TOP_LOGPROBS = 20  # the OpenAI limit; both engines accept at least this many
 _SCHEMA_DEPTH = 6  # past this, recursive schemas get only required properties and no items
+_SCHEMA_MAX_DEPTH = 64  # deeper than this, a schema's instance never ends: it recurses through required fields
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
                 404: "NotFoundError", 408: "RequestTimeoutError", 429: "RateLimitError",
                 503: "ServiceUnavailableError"}
@@ -154,8 +155,13 @@ def schema_instance(schema: object, root: object = None, path: str = "", depth: 
     """A deterministic value that validates against a JSON schema: every
     property filled (required or not), the first enum/const value, the first
     anyOf/oneOf branch, one array element, nested objects recursively, local
-    $refs followed; no schema -> {}."""
+    $refs followed; no schema -> {}. A schema with no finite instance ({"$ref": "#"}, a
+    required field of its own type) is a 400, as vLLM answers one its grammar backend cannot
+    compile (vllm/v1/structured_output/backend_xgrammar.py, validate_xgrammar_grammar)."""
     root = schema if root is None else root
+    if depth > _SCHEMA_MAX_DEPTH:
+        raise SimError(400, "Failed to transform json schema into a grammar: it has no finite "
+                       "instance (a $ref to itself with no way to end)", None)
     if not isinstance(schema, dict):
         return {}
     ref = schema.get("$ref")
@@ -250,6 +256,8 @@ def read_options(body: dict) -> Options:
     if fmt is not None and (kind not in ("text", "json_object", "json_schema") or (
             kind == "json_schema" and not isinstance(fmt.get("json_schema"), dict))):
         raise SimError(400, "Invalid 'response_format'.", "response_format")
+    if kind == "json_schema":
+        schema_instance(fmt["json_schema"].get("schema"))  # the engine compiles it before anything else
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if top is not None and (type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS):
         raise SimError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.",

@@ -1,4 +1,7 @@
-"""Before the first byte, a failing worker is retried elsewhere; 429/503 is backpressure; circuits open."""
+"""Before the first byte, a failing worker is retried elsewhere; 429/503 is backpressure; circuits open.
+
+A 5xx answer counts against a worker only when another worker serves the same request; more
+on whose fault a failure is, and crashes: tests/test_e2e_breaker.py."""
 
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ pytestmark = pytest.mark.e2e
 
 class BadWorker:
     """A worker that is healthy and lists the model, but answers every generation with ``status``
-    (0: closes the connection without answering, as a crashing or overloaded server does)."""
+    (0: closes the connection without answering, as a crashing or overloaded server does) and an
+    error body of type ``kind``."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, kind: str = "x") -> None:
         self.status = status
+        self.kind = kind
         self.port = free_port()
         self.calls = 0
         self._loop = asyncio.new_event_loop()
@@ -55,8 +60,8 @@ class BadWorker:
             assert request.transport is not None
             request.transport.abort()
             raise ConnectionResetError("dropped on purpose")
-        return web.json_response({"error": {"message": "simulated", "type": "x", "param": None, "code": self.status}},
-                                 status=self.status)
+        return web.json_response({"error": {"message": "simulated", "type": self.kind, "param": None,
+                                             "code": self.status}}, status=self.status)
 
     def __enter__(self) -> BadWorker:
         self._thread.start()
@@ -137,22 +142,52 @@ def test_a_failing_worker_is_retried_elsewhere_and_its_circuit_opens(tmp_path: P
 
 
 def test_health_says_down_while_every_circuit_is_open(tmp_path: Path) -> None:
-    """Health checks pass, calls fail: once the only worker's circuit opens, /health is a 503 (a load
-    balancer in front stops sending), not an "ok" over a router that answers every create 503."""
-    with BadWorker(500) as bad:
+    """Health checks pass, calls fail (the connection closes before an answer): once the only
+    worker's circuit opens, /health is a 503 (a load balancer in front stops sending), not an "ok"
+    over a router that answers every create 503; both say it is the circuit, not the workers' health."""
+    with BadWorker(0) as bad:
         router = start_router(tmp_path, f'[[pools]]\nname = "p"\nengine = "sim"\nmodel = "sim-model"\n'
                                         f'urls = ["http://127.0.0.1:{bad.port}"]\n[[models]]\nname = "m"\npool = "p"\n')
         try:
             client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
-            for i in range(6):  # one call each (no other worker to retry on): five open the circuit
-                with pytest.raises(openai.APIStatusError):
+            for i in range(5):  # one call each (no other worker to retry on): five open the circuit
+                with pytest.raises(openai.APIStatusError) as failed:
                     client.responses.create(model="m", input=f"hi {i}")
+                assert failed.value.status_code == 502
             with pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(router.base_url + "/health")
             assert err.value.code == 503
             health = json.loads(err.value.read())
             assert health["status"] == "down" and health["pools"][0]["available_workers"] == 0
             assert health["pools"][0]["healthy_workers"] == 1 and health["pools"][0]["workers"][0]["circuit"] == "open"
+            assert health["reason"] == health["pools"][0]["reason"] == "circuit open on all workers"
+            calls = bad.calls
+            for shut in (lambda: client.responses.create(model="m", input="while open"),
+                         lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])):
+                with pytest.raises(openai.APIStatusError) as refused:
+                    shut()
+                assert refused.value.status_code == 503 and refused.value.code == "circuit_open"
+                assert "circuit open on all workers" in refused.value.message
+            assert bad.calls == calls
+        finally:
+            assert router.stop() == 0
+
+
+def test_an_error_every_worker_calls_a_bad_request_is_a_400_against_no_worker(tmp_path: Path) -> None:
+    """Both workers answer 500 with an error the engine types as a bad request: the client gets a
+    400 that names it, after two calls, and neither worker's circuit moves."""
+    with BadWorker(500, "BadRequestError") as one, BadWorker(500, "BadRequestError") as two:
+        router = start_router(tmp_path, f'[[pools]]\nname = "p"\nengine = "sim"\nmodel = "sim-model"\n'
+                                        f'urls = ["http://127.0.0.1:{one.port}", "http://127.0.0.1:{two.port}"]\n'
+                                        '[[models]]\nname = "m"\npool = "p"\n')
+        try:
+            client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
+            for i in range(8):
+                with pytest.raises(openai.BadRequestError) as rejected:
+                    client.responses.create(model="m", input=f"poison {i}")
+                assert rejected.value.code == "upstream_rejected" and "simulated" in rejected.value.message
+            assert one.calls + two.calls == 16
+            assert worker_state(router, one.port)["circuit"] == worker_state(router, two.port)["circuit"] == "closed"
         finally:
             assert router.stop() == 0
 

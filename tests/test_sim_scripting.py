@@ -420,6 +420,22 @@ def test_structured_output(engine):
     assert len(text["choices"][0]["message"]["content"].split()) == 2
 
 
+@pytest.mark.parametrize("schema", [{"$ref": "#"}, {"type": "object", "required": ["next"],
+                                                   "properties": {"next": {"$ref": "#"}}}])
+def test_a_schema_with_no_finite_instance_is_a_400(engine, schema):
+    """As vLLM answers a schema its grammar backend cannot compile, streamed or not; the sim goes
+    on serving (it used to recurse until Python gave up and answer 500 to every such request)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "loop", "schema": schema}}
+    for stream in (False, True):
+        status, _, payload = engine.sim.request("POST", "/v1/chat/completions", {
+            "model": engine.model, "messages": user("loop"), "response_format": fmt, "stream": stream})
+        body = json.loads(payload)
+        err = body["error"] if engine.name == "vllm" else body
+        assert status == 400 and err["code"] == 400 and err["type"] == "BadRequestError", body
+        assert err["message"].startswith("Failed to transform json schema into a grammar")
+    assert engine.ok({"messages": user("still here [sim:tokens=2]")})["choices"][0]["message"]["content"]
+
+
 def test_logprobs(engine):
     messages = user("with logprobs [sim:tokens=4]")
     body = engine.ok({"messages": messages, "logprobs": True, "top_logprobs": 3})

@@ -59,13 +59,18 @@ class MetaAPI:
         """200 while every pool can serve; 503 when some pool has no available worker (healthy, and
         its circuit not open: five failed calls in a row shut a worker off for a while).
 
-        The pools, with their workers' URLs, processes and last errors, only for the admin key
-        when one is configured: a load balancer's probe needs the status, not the insides."""
+        ``reason`` (when down; per pool, and the down pools' reasons at the top) tells "no healthy
+        worker" (fix or wait for the workers) from "circuit open on all workers" (they pass health
+        checks, but their calls failed; a trial call follows the cool-down). The pools, with their workers' URLs, processes and last
+        errors, only for the admin key when one is configured: a load balancer's probe needs the
+        status, not the insides."""
         pools = [pool.describe() for pool in self.pools]
         serving = all(p["available_workers"] > 0 for p in pools)
         degraded = any(p["status"] != "ok" for p in pools)
         status = "down" if not serving else ("degraded" if degraded else "ok")
         body: dict[str, Any] = {"status": status, "pools": pools} if self._is_admin(request) else {"status": status}
+        if not serving:
+            body["reason"] = "; ".join(sorted({p["reason"] for p in pools if p["reason"] is not None}))
         return json_response(body, 200 if serving else 503)
 
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from backends.client import WorkerStreamBroken, WorkerUnavailable
-from backends.pools import NoHealthyWorker, Worker
+from backends.pools import NoHealthyWorker, Pool, Worker
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
 from router.api.http import Body, Headers, decode_request, read_raw
@@ -75,40 +75,42 @@ class PassthroughAPI:
             except NoHealthyWorker as exc:
                 if broke is not None:
                     raise UpstreamError(f"the worker failed: {broke}", code="upstream_error") from None
-                raise NoCapacity(f"no worker can serve model '{target.name}' now: {exc}", code="no_healthy_worker") from None
+                raise NoCapacity(f"no worker can serve model '{target.name}' now: {exc}", code=exc.code) from None
             tried.append(worker)
-            worker.in_flight += 1
+            ticket = pool.acquire(worker)
             try:
                 answer = await pool.client.relay(worker.url + path, data)
             except WorkerUnavailable as exc:
-                worker.in_flight -= 1
+                pool.release(worker, ticket, served=False)
                 pool.mark_down(worker, str(exc))
                 continue
             except WorkerStreamBroken as exc:  # closed or reset before its answer began: the next worker
-                worker.in_flight -= 1
-                pool.record_failure(worker, str(exc))
+                pool.release(worker, ticket, served=False)
+                pool.record_failure(worker, str(exc), ticket)
                 broke = exc
                 continue
+            except BaseException:
+                pool.release(worker, ticket, served=False)
+                raise
             if answer.status < 500:
-                pool.record_success(worker)
+                pool.record_success(worker, ticket)
             break
         if not body.get("stream"):
             try:
                 raw = await answer.read()
             finally:
-                worker.in_flight -= 1
-                worker.served += 1
+                pool.release(worker, ticket)
             return Body(raw, answer.status, answer.content_type)
-        return StreamBody(_counted(answer.chunks(), worker), status=answer.status, media_type=answer.content_type)
+        return StreamBody(_counted(answer.chunks(), pool, worker, ticket), status=answer.status,
+                          media_type=answer.content_type)
 
 
-async def _counted(chunks: Any, worker: Worker) -> Any:
+async def _counted(chunks: Any, pool: Pool, worker: Worker, ticket: int) -> Any:
     try:
         async for chunk in chunks:
             yield chunk
     finally:
-        worker.in_flight -= 1
-        worker.served += 1
+        pool.release(worker, ticket)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -92,7 +92,7 @@ async def _tokenize(route: ModelRoute, req: CreateResponse, body: dict[str, Any]
     for key in ("tools", "chat_template_kwargs"):
         if key in body:
             tokenize[key] = body[key]
-    worker.in_flight += 1
+    ticket = pool.acquire(worker)
     try:
         answer = await pool.client.post_json(worker.url + TOKENIZE_PATH, tokenize)
     except WorkerHTTPError as exc:
@@ -107,7 +107,7 @@ async def _tokenize(route: ModelRoute, req: CreateResponse, body: dict[str, Any]
     except WorkerError:
         return None
     finally:
-        worker.in_flight -= 1
+        pool.release(worker, ticket, served=False)
     count = answer.get("count") if isinstance(answer, dict) else None
     return count if isinstance(count, int) else None
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
+from backends.errors import WorkerAnswerTooLarge, WorkerRequestFailed
 from backends.engines import is_context_overflow
 from backends.pools import NoHealthyWorker, Pool, Worker
 from router.dialects.turn import DialectTurn
@@ -22,7 +23,7 @@ from router.protocol.items import Item
 
 log = logging.getLogger("router.turns")
 
-RETRY_ATTEMPTS = 3  # worker calls that may fail (5xx) before the client gets the error
+RETRY_ATTEMPTS = 3  # worker calls that may fail before the client gets the error
 RETRY_DEADLINE_S = 30.0
 
 
@@ -37,6 +38,7 @@ class Upstream:
         self.preferred = preferred
         self.prefix_key = prefix_key
         self.worker: Worker | None = None
+        self._ticket = 0  # the current call's, from Pool.acquire
         self.last_url: str | None = None  # the worker that served the last call
 
     async def post(self, turn: DialectTurn, items: list[Item]) -> tuple[Any, list[Item]]:
@@ -73,14 +75,25 @@ class Upstream:
     async def _send(self, send: Any, path: str, *, release: bool) -> Any:
         """Before the client has seen a byte, a failed call is tried again on another worker.
 
-        Unreachable workers are marked down; 429/503 are backpressure (another worker,
-        no fault counted); other 5xx, and a connection the worker closed or reset before
-        its answer was in (overloaded, crashing, restarting), count towards the worker's
-        circuit breaker and are retried after a short jittered pause, at most
-        RETRY_ATTEMPTS calls within RETRY_DEADLINE_S. A 4xx is the request's fault: no retry.
+        Whose fault a failure is decides what counts towards a worker's circuit breaker:
+
+        - unreachable (refused, connect timeout): the worker is marked down, the next one tried;
+        - 429/503: backpressure, another worker, no fault;
+        - closed or reset before the answer was in, no first byte or no data in time: the
+          worker's fault (crashing, overloaded, restarting), counted at once, retried;
+        - another 5xx, or an answer over the pool's size limit, is ambiguous: the worker answered,
+          and a request whose body crashes the engine gets a 5xx from every worker. It is tried
+          once more elsewhere and counted only when another worker then serves the request; when a
+          second worker fails it so too, it is the request's: no more calls, no fault counted, the
+          client gets the engine's error (WorkerRequestFailed). In a pool of one worker a 5xx is
+          never counted: nothing can tell, and shutting the only worker off would help no one;
+        - 4xx: the request's fault, no retry.
+
+        At most RETRY_ATTEMPTS failed calls, jittered pauses, within RETRY_DEADLINE_S.
         """
         tried: list[Worker] = []
         last: WorkerHTTPError | WorkerStreamBroken | None = None
+        suspects: list[tuple[Worker, int, str]] = []  # answered it 5xx: blamed if another worker serves it
         failed = 0
         deadline = time.monotonic() + RETRY_DEADLINE_S
         while True:
@@ -89,9 +102,9 @@ class Upstream:
             except NoHealthyWorker as exc:
                 if last is not None:
                     raise last from None
-                raise NoCapacity(f"no worker can serve model '{self.model}' now: {exc}", code="no_healthy_worker") from None
+                raise NoCapacity(f"no worker can serve model '{self.model}' now: {exc}", code=exc.code) from None
             tried.append(worker)
-            self._acquire(worker)
+            ticket = self._acquire(worker)
             try:
                 result = await send(worker.url + path)
             except WorkerUnavailable as exc:
@@ -100,15 +113,20 @@ class Upstream:
                 continue
             except (WorkerHTTPError, WorkerStreamBroken) as exc:
                 self.release()
-                if isinstance(exc, WorkerHTTPError):
-                    if exc.status < 500 and exc.status != 429:
-                        raise
-                    fault = None if exc.status in (429, 503) else f"answered {exc.status}: {exc.message}"
-                else:  # closed or reset before the answer was in
-                    fault = str(exc)
+                if isinstance(exc, WorkerHTTPError) and exc.status < 500 and exc.status != 429:
+                    raise
                 last = exc
-                if fault is not None:
-                    self.pool.record_failure(worker, fault)
+                if isinstance(exc, WorkerHTTPError) and exc.status in (429, 503):
+                    pass  # backpressure: another worker, no fault
+                elif isinstance(exc, WorkerHTTPError | WorkerAnswerTooLarge):  # it answered: whose fault?
+                    if suspects:  # the second worker to fail this request so: the request's
+                        if isinstance(exc, WorkerHTTPError):
+                            raise WorkerRequestFailed(exc.status, exc.body, len(suspects) + 1) from None
+                        raise
+                    suspects.append((worker, ticket, _what(exc)))
+                    failed += 1
+                else:
+                    self.pool.record_failure(worker, str(exc), ticket)
                     failed += 1
                 if failed >= RETRY_ATTEMPTS or time.monotonic() > deadline:
                     raise
@@ -117,30 +135,37 @@ class Upstream:
             except BaseException:
                 self.release()
                 raise
-            self.pool.record_success(worker)
+            self.pool.record_success(worker, ticket)
+            for suspect, its_ticket, why in suspects:
+                self.pool.record_failure(suspect, f"{why} (another worker served the request)", its_ticket)
             if release:
                 self.release()
             return result
 
     def broke(self) -> None:
-        """The worker's stream broke after it started: a failure of the worker, for its circuit."""
+        """The worker's stream broke after it started: a failure of the worker, for its circuit
+        (the other streams one crash broke with it count with it, once)."""
         if self.worker is not None:
-            self.pool.record_failure(self.worker, "stream broke off")
+            self.pool.record_failure(self.worker, "stream broke off", self._ticket)
 
-    def _acquire(self, worker: Worker) -> None:
-        worker.in_flight += 1
+    def _acquire(self, worker: Worker) -> int:
+        self._ticket = self.pool.acquire(worker)
         self.worker = worker
         self.last_url = worker.url
+        return self._ticket
 
     def release(self) -> None:
         worker, self.worker = self.worker, None
         if worker is not None:
-            worker.in_flight -= 1
-            worker.served += 1
+            self.pool.release(worker, self._ticket)
 
     @property
     def worker_url(self) -> str:
         return self.worker.url if self.worker else "?"
+
+
+def _what(exc: WorkerError) -> str:
+    return f"answered {exc.status}: {exc.message}" if isinstance(exc, WorkerHTTPError) else str(exc)
 
 
 def drop_oldest_turn(items: list[Item]) -> list[Item] | None:
@@ -159,6 +184,11 @@ def api_error(exc: WorkerError) -> APIError:
         if is_context_overflow(exc.status, exc.message):
             return InvalidRequest(f"The input is too long for the model: {exc.message}", param="input",
                                   code="context_length_exceeded")
+        if isinstance(exc, WorkerRequestFailed):
+            what = f"the request failed on {exc.workers} workers, each answering {exc.status}: {exc.message}"
+            if exc.says_bad_request:
+                return InvalidRequest(f"The engine rejected the request: {what}", code="upstream_rejected")
+            return UpstreamError(what, code="upstream_error")
         if exc.status in (429, 503):
             return NoCapacity(f"the worker is overloaded: {exc.message}", code="worker_overloaded")
         if 400 <= exc.status < 500:
