@@ -452,17 +452,26 @@ async def serve(cfg: SimConfig) -> None:
         await runner.cleanup()
 
 
-def parse_args(argv: list[str] | None = None) -> SimConfig:
-    p = argparse.ArgumentParser(prog="python -m backends.sim", description=__doc__.split("\n")[0])
-    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True, help="0 picks a free port")
+def parse_args(argv: list[str] | None = None, prog: str = "python -m backends.sim") -> SimConfig:
+    return SimConfig(**vars(parser(prog).parse_args(argv)))
+
+
+def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
+    """The sim's command line, every option explained (``--help``)."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n")[0] + " Markers in the last user message drive it "
+        "([sim:tokens=N], [sim:status=CODE], [sim:hang], ...: the README's 'The simulated worker').",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="whose HTTP API to speak")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, required=True, help="port to listen on; 0 picks a free port")
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first token")
     p.add_argument("--itl-ms", type=float, default=0.0, help="delay between tokens")
     p.add_argument("--max-concurrency", type=int, default=64, help="generating at once")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--default-tokens", type=int, default=12, help="unless a marker says")
+    p.add_argument("--max-model-len", type=int, default=4096,
+                   help="the context it reports in /v1/models and enforces (400 past it)")
+    p.add_argument("--default-tokens", type=int, default=12, help="tokens per answer, unless a marker says")
     p.add_argument("--reasoning-field", choices=("reasoning", "reasoning_content"), default=None,
                    help="the delta/message key for [sim:reason]; default: what the engine sends "
                         "(vLLM 0.32: reasoning, SGLang: reasoning_content)")
@@ -478,11 +487,11 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p.add_argument("--kv-block-size", type=int, default=BLOCK_TOKENS, help="tokens per cache block")
     p.add_argument("--prefill-us-per-token", type=float, default=0.0,
                    help="compute per uncached prompt token (one prompt at a time) before the first token")
-    return SimConfig(**vars(p.parse_args(argv)))
+    return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m backends.sim") -> None:
+    cfg = parse_args(argv, prog)
     try:
         from uvloop import new_event_loop as loop_factory
     except ImportError:

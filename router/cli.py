@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["sim"]:
         from backends.sim import main as sim_main
 
-        sim_main(argv[1:])
+        sim_main(argv[1:], prog="responses-router sim")
         return
     if argv[:1] == ["harmony-vocab"]:
         from router.dialects.harmony_vocab import main as vocab_main
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
                "  responses-router report --url URL    the per-arm comparison of a running router's /metrics\n"
                "  responses-router harmony-vocab DIR   build the o200k vocabulary for gpt-oss pools, offline",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--config", required=True, help="TOML config file (see config.example.toml)")
     parser.add_argument("--host", help="override [server].host")
     parser.add_argument("--port", type=int, help="override [server].port")
@@ -55,6 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     _run(_serve(config, Path(args.config).resolve().parent, host, port))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("responses-router")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def _server_class(grace_s: float, stop_timeout_s: float, on_stop: Any):  # type: ignore[no-untyped-def]

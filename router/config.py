@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a quoted number (port = "8081") or a quoted boolean is a type error, not coerced.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # After the grace, the requests still running get this long to say so and be stored.
@@ -139,7 +140,7 @@ class AuthConfig(_Section):
 class ManagedConfig(_Section):
     replicas: int = Field(1, ge=1, le=64)
     # A port range [first, last]; replica i listens on first + i.
-    port_range: tuple[int, int] = (18100, 18199)
+    port_range: Annotated[tuple[int, int], Strict(False)] = (18100, 18199)  # a TOML array: [first, last]
     # Command template; {port}, {host} and {model} are filled in. Empty: the engine's default.
     command: list[str] = []
     extra_args: list[str] = []

@@ -26,3 +26,21 @@ def test_settle_heap_freezes_start_up_and_raises_the_young_threshold() -> None:
     # Only the young threshold moves; the older generations keep CPython's ratios.
     assert seen["after"] == [GC_YOUNG_THRESHOLD, seen["before"][1], seen["before"][2]]
     assert seen["young"] < 100  # the collection before the freeze left nothing pending
+
+
+def test_version_and_the_sim_help_name_themselves() -> None:
+    """``--version`` prints the installed version; ``responses-router sim --help`` names itself so and
+    explains every option."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    out = subprocess.run([sys.executable, "-m", "router", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"responses-router {version('responses-router')}"
+    sim = subprocess.run([sys.executable, "-m", "router", "sim", "--help"], capture_output=True, text=True, check=True)
+    assert sim.stdout.startswith("usage: responses-router sim ")
+    from backends.sim import parser
+
+    unexplained = [a.dest for a in parser()._actions if not a.help]
+    assert not unexplained, f"sim options without help: {unexplained}"
+    assert "--dialect" in sim.stdout and "(default: vllm)" in sim.stdout

@@ -54,6 +54,11 @@ def test_the_example_config_is_valid() -> None:
         (("[server]\nport = 8081", "[server]\nport = 8081\nprot = 1"), "server.prot: unknown key"),
         (("port = 8081", 'port = "eighty"'), "server.port: input should be a valid integer"),
         (("port = 8081", "port = 70000"), "server.port: input should be less than or equal to 65535"),
+        # Quoted numbers and booleans are type errors, as the README promises, not coerced.
+        (("port = 8081", 'port = "8081"'), "server.port: input should be a valid integer (got '8081')"),
+        (("replicas = 2", 'replicas = "2"'), "pools[0].managed.replicas: input should be a valid integer"),
+        (("port = 8081", 'port = 8081\nshutdown_grace_s = "1"'), "server.shutdown_grace_s: input should be a valid number"),
+        (("port = 8081", 'port = 8081\n[tools]\nmax_turns = 2.0'), "tools.max_turns: input should be a valid integer"),
         (('engine = "sim"', 'engine = "tgi"'), "pools[0].engine: input should be 'vllm', 'sglang' or 'sim' (got 'tgi')"),
         (('pool = "sim"', 'pool = "gpu"'), "models[0].pool: no pool named 'gpu' (pools: sim)"),
         (("replicas = 2", "replicas = 0"), "pools[0].managed.replicas: input should be greater than or equal to 1"),
