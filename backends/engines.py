@@ -38,7 +38,8 @@ ENGINES: dict[str, Engine] = {
         # SGLang's /health is 503 until a warm-up generation succeeded: a real readiness signal.
         health_path="/health",
         models_path="/v1/models",
-        command=("python", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "{host}", "--port", "{port}"),
+        # The router's own interpreter (a stock Debian has no bare ``python``), where SGLang is installed.
+        command=(sys.executable, "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "{host}", "--port", "{port}"),
     ),
     "sim": Engine(
         name="sim",
