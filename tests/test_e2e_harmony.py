@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -88,6 +89,25 @@ def test_reasoning_then_answer(oss: openai.OpenAI, model: str) -> None:
 
 
 @pytest.mark.parametrize("model", ENGINES)
+def test_usage_counts_reasoning_and_cached_tokens(oss: openai.OpenAI, enc: Any, model: str) -> None:
+    """reasoning_tokens: the analysis tokens the router parsed (the message's <|message|> and content, as
+    vLLM's Responses server counts them); cached_tokens: what the engine reports (vLLM's
+    usage.prompt_tokens_details, SGLang's meta_info), streamed or not."""
+    prompt = "hello [sim:reason=6] [sim:tokens=3] [sim:cached=5]"
+    plain = oss.responses.create(model=model, input=prompt)
+    reasoning = plain.output[0]
+    assert reasoning.type == "reasoning"
+    analysis = 1 + len(enc.encode(reasoning.content[0].text, disallowed_special=()))
+    usage = plain.usage
+    assert usage.output_tokens_details.reasoning_tokens == analysis < usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens == 5
+    events = [e.model_dump() for e in oss.responses.create(model=model, input=prompt, stream=True)]
+    assert check_stream(events)["usage"] == usage.model_dump()
+    none = oss.responses.create(model=model, input="hello [sim:reason=0] [sim:tokens=3]").usage
+    assert none.output_tokens_details.reasoning_tokens == 0 and none.output_tokens > 3
+
+
+@pytest.mark.parametrize("model", ENGINES)
 def test_function_tool_round_trip(oss: openai.OpenAI, model: str) -> None:
     first = oss.responses.create(model=model, input="weather? [sim:call=get_weather]", tools=[WEATHER])
     call = next(i for i in first.output if i.type == "function_call")
@@ -134,6 +154,51 @@ def test_builtin_recipient_without_a_backend(oss: openai.OpenAI) -> None:
     response = oss.responses.create(model="oss-vllm", input="search [sim:builtin=browser.search]")
     assert response.status == "incomplete"
     assert response.incomplete_details.reason == "tool_not_available"
+
+
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
+FILE = {"type": "input_file", "file_data": "data:text/plain;base64,aGk=", "filename": "a.txt"}
+
+
+def refusal(oss: openai.OpenAI, **kwargs: Any) -> dict[str, Any]:
+    with pytest.raises(openai.BadRequestError) as err:
+        oss.responses.create(**kwargs)
+    body = err.value.body
+    assert body["type"] == "invalid_request_error" and body["code"] == "unsupported_content_type", body
+    assert "reads text only" in body["message"]
+    return body
+
+
+@pytest.mark.parametrize("model", ["oss-vllm", "oss-sglang"])
+def test_images_and_files_are_a_400_naming_the_part(oss: openai.OpenAI, model: str) -> None:
+    """gpt-oss reads text only: the part is named before any worker call or write, never dropped."""
+    conversation = oss.conversations.create()
+    for part, stream in ((IMAGE, False), (FILE, True)):
+        content = [{"type": "input_text", "text": "what is this?"}, part]
+        body = refusal(oss, model=model, conversation=conversation.id, stream=stream, input=[{"role": "user", "content": content}])
+        assert body["param"] == "input[0].content[1]" and part["type"] in body["message"]
+    answer = {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "a"}, IMAGE]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    body = refusal(oss, model=model, tools=[WEATHER], input=[{"role": "user", "content": "hi"}, call, answer])
+    assert body["param"] == "input[2].output[1]"
+    assert oss.conversations.items.list(conversation.id).data == []  # nothing was written
+
+
+def test_an_image_an_earlier_turn_read_is_a_400_naming_that_item(oss: openai.OpenAI) -> None:
+    """A chat pool read the image; a harmony pool cannot go on from it, and says which item holds it."""
+    looked = oss.responses.create(model="chat", input=[{"role": "user", "content": [{"type": "input_text", "text": "look"}, IMAGE]}])
+    assert looked.status == "completed"
+    item = oss.responses.input_items.list(looked.id).data[0].id
+    body = refusal(oss, model="oss-vllm", input="and now?", previous_response_id=looked.id)
+    assert body["param"] == "previous_response_id" and repr(item) in body["message"] and "content[1]" in body["message"]
+    body = refusal(oss, model="oss-sglang", stream=True, input=[{"type": "item_reference", "id": item}])
+    assert body["param"] == "input[0]" and repr(item) in body["message"]
+    conversation = oss.conversations.create(items=[{"type": "message", "role": "user", "content": [IMAGE]}])
+    body = refusal(oss, model="oss-vllm", conversation=conversation.id, input="what was it?")
+    assert body["param"] == "conversation"
+    assert len(oss.conversations.items.list(conversation.id).data) == 1
+    # The chain itself is fine: a pool that reads images goes on from it.
+    assert oss.responses.create(model="chat", input="and now?", previous_response_id=looked.id).status == "completed"
 
 
 def test_logprobs_are_refused_on_harmony(oss: openai.OpenAI) -> None:

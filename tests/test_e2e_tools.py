@@ -291,6 +291,75 @@ def test_code_interpreter(client: openai.OpenAI) -> None:
     assert response.output_text.startswith("tool said:") and "NameError" in response.output_text
 
 
+SHOW = ["code_interpreter_call.outputs", "web_search_call.action.sources"]
+
+
+def shown_calls(output: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The code_interpreter_call and the web_search_call of an output, as dicts."""
+    by_type = {item["type"]: item for item in output}
+    return by_type["code_interpreter_call"], by_type["web_search_call"]
+
+
+@pytest.mark.parametrize("model, prompt", [(MODEL, "both [sim:call=python,web_search]"),
+                                           ("oss", "both fish [sim:builtin=python,browser.search]")])
+def test_include_shows_tool_results_only_when_asked(client: openai.OpenAI, servers: dict[str, Any], model: str,
+                                                    prompt: str) -> None:
+    """code_interpreter_call.outputs and web_search_call.action.sources come back only when include names
+    them (a create, its events, a retrieve), as OpenAI's; the stored response keeps them: a retrieve
+    that asks sees them, and the next turn gives the model its tools' results."""
+    tools = [{"type": "code_interpreter", "container": "auto"}, {"type": "web_search"}]
+    for include in ([], SHOW, ["code_interpreter_call.outputs", "web_search_call.results"]):
+        kwargs = dict(model=model, input=prompt, tools=tools, include=include)
+        plain = client.responses.create(**kwargs)
+        assert plain.status == "completed"
+        events = [e.model_dump() for e in client.responses.create(stream=True, **kwargs)]
+        final = check_stream(events)
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        for output in (plain.model_dump()["output"], final["output"], done):
+            code, search = shown_calls(output)
+            assert code["code"] and search["action"]["type"] == "search"
+            if include:
+                assert "NameError" in code["outputs"][0]["logs"] or code["outputs"][0]["logs"].strip() == "2"
+                assert search["action"]["sources"] and search["action"]["sources"][0]["url"].startswith(servers["search"].base)
+            else:
+                assert code["outputs"] is None and search["action"].get("sources") is None
+    # Stored whole: the last create (no include) shows its results to a retrieve that asks for them.
+    first = client.responses.create(model=model, input=prompt, tools=tools)
+    code, search = shown_calls(client.responses.retrieve(first.id).model_dump()["output"])
+    assert code["outputs"] is None and search["action"].get("sources") is None
+    code, search = shown_calls(client.responses.retrieve(first.id, include=SHOW).model_dump()["output"])
+    assert code["outputs"][0]["type"] == "logs" and search["action"]["sources"]
+    if model == MODEL:  # the next turn's prompt has both results (the chat sim echoes its messages)
+        echo = client.responses.create(model=model, input="[sim:echo]", tools=tools, previous_response_id=first.id)
+        results = [m["content"] for m in json.loads(echo.output_text) if m["role"] == "tool"]
+        assert "NameError" in results[0] and search["action"]["sources"][0]["url"] in results[1]
+
+
+def test_include_values_for_tools_not_served_are_a_400(client: openai.OpenAI) -> None:
+    made = client.responses.create(model=MODEL, input="hi")
+    for value in ("file_search_call.results", "computer_call_output.output.image_url"):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model=MODEL, input="hi", include=["reasoning.encrypted_content", value])
+        assert err.value.body["param"] == "include[1]" and err.value.body["code"] == "unsupported_parameter"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.retrieve(made.id, include=[value])
+        assert err.value.body["param"] == "include[0]"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.input_items.list(made.id, include=[value])
+        assert err.value.body["param"] == "include[0]"
+
+
+def test_input_items_list_image_urls_only_when_included(client: openai.OpenAI) -> None:
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}
+    made = client.responses.create(model=MODEL, input=[{"role": "user", "content": [{"type": "input_text", "text": "look"}, image]}])
+    (item,) = client.responses.input_items.list(made.id).data
+    assert item.content[1].type == "input_image" and item.content[1].image_url is None and item.content[1].detail == "low"
+    (item,) = client.responses.input_items.list(made.id, include=["message.input_image.image_url"]).data
+    assert item.content[1].image_url == image["image_url"]
+    echo = client.responses.create(model=MODEL, input="[sim:echo]", previous_response_id=made.id)
+    assert json.loads(echo.output_text)[0]["content"][1]["image_url"]["url"] == image["image_url"]  # stored whole
+
+
 def test_caps_and_mixed_calls(client: openai.OpenAI, servers: dict[str, Any]) -> None:
     capped = client.responses.create(model=MODEL, input="two [sim:call=mcp__calc__add,mcp__calc__echo]",
                                      tools=[calc(servers)], max_tool_calls=1)

@@ -25,7 +25,7 @@ from openai_harmony import (
 
 from router.dialects import harmony_vocab
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
-from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
+from router.dialects.harmony import HarmonyParser, refuse_media, render_prompt, stop_token_ids
 from router.protocol.errors import InvalidRequest
 
 DATE = "2025-06-01"
@@ -247,6 +247,48 @@ def test_old_chain_of_thought_is_dropped_the_current_tool_loop_is_kept(enc: Harm
         "<|start|>assistant<|channel|>analysis<|message|>NEW-COT-2 got it.<|end|><|start|>assistant",
     )
     assert text.endswith("NEW-COT-2 got it.<|end|><|start|>assistant")
+
+
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
+FILE = {"type": "input_file", "file_data": "data:text/plain;base64,aGk=", "filename": "a.txt"}
+
+
+def refused(written: list[dict], resolved: list[dict] | None = None, history: list[dict] | None = None,
+            history_param: str = "previous_response_id") -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as err:
+        refuse_media(written, written if resolved is None else resolved, history or [], model="gpt-oss", history_param=history_param)
+    assert err.value.code == "unsupported_content_type" and err.value.type == "invalid_request_error"
+    assert "'gpt-oss' reads text only" in err.value.message
+    return err.value
+
+
+def test_media_parts_are_refused_by_name() -> None:
+    """gpt-oss reads text only: a part harmony cannot render is a 400 naming it, never dropped."""
+    look = {**user("look"), "content": [{"type": "input_text", "text": "look"}, IMAGE]}
+    error = refused([user("hi"), look])
+    assert error.param == "input[1].content[1]" and "input[1].content[1] is an input_image part" in error.message
+    answer = output("call_1", [{"type": "input_text", "text": "a"}, FILE])
+    error = refused([user("q"), call("call_1", "f", "{}"), answer])
+    assert error.param == "input[2].output[1]" and "input_file" in error.message
+    text_only = [user("q"), call("call_1", "f", "{}"), output("call_1", [{"type": "input_text", "text": "a"}]), output("call_2", "x")]
+    refuse_media(text_only, text_only, [reasoning("r"), assistant("a")], model="gpt-oss", history_param="conversation")
+
+
+def test_media_from_a_reference_or_the_history_names_the_earlier_item() -> None:
+    stored = {**user("look"), "id": "msg_old", "content": [IMAGE]}
+    reference = {"type": "item_reference", "id": "msg_old"}
+    error = refused([user("hi"), reference], resolved=[user("hi"), stored])
+    assert error.param == "input[1]" and "refers to item 'msg_old', whose content[0] is an input_image part" in error.message
+    error = refused([user("more")], history=[user("a"), assistant("b"), stored])
+    assert error.param == "previous_response_id" and "'msg_old' (from previous_response_id)" in error.message
+    assert refused([user("more")], history=[stored], history_param="conversation").param == "conversation"
+
+
+def test_a_prompt_with_media_is_never_rendered_without_it(enc: HarmonyEncoding) -> None:
+    """What renders a prompt without a create's checks (input_tokens counts) refuses as clearly."""
+    with pytest.raises(InvalidRequest, match="input_image part at content\\[1\\]") as err:
+        render(enc, [{**user("look"), "content": [{"type": "input_text", "text": "look"}, IMAGE]}])
+    assert err.value.param == "input" and err.value.code == "unsupported_content_type"
 
 
 def test_stop_token_ids(enc: HarmonyEncoding) -> None:

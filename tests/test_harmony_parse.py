@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from router.dialects.deltas import Delta, ToolCallDelta
+from router.dialects.harmony import _action_ends
 from router.dialects.harmony_parse import HarmonyParser, ParseError, _parse_header
 from tests.harmony_oracle import OracleParser
 
@@ -153,7 +154,39 @@ def run(parser: HarmonyParser | OracleParser, ids: list[int], cuts: list[int], r
 
 def same_as_oracle(enc: HarmonyEncoding, ids: list[int], cuts: list[int], reason: str | None) -> None:
     expected = run(OracleParser(enc), ids, cuts, reason)
-    assert run(HarmonyParser(enc), ids, cuts, reason) == expected, ids
+    parser = HarmonyParser(enc)
+    assert run(parser, ids, cuts, reason) == expected, ids
+    assert parser.reasoning_tokens == analysis_tokens(enc, ids), ids
+
+
+def analysis_tokens(enc: HarmonyEncoding, ids: list[int]) -> int:
+    """usage's reasoning_tokens as vLLM's Responses server counts them: the tokens after which
+    StreamableParser's ``current_channel`` is ``analysis``, up to the turn's end or an error."""
+    parser = StreamableParser(enc, Role.ASSISTANT, strict=False)
+    ends = set(_action_ends(enc))
+    count = 0
+    for token in ids:
+        try:
+            parser.process(token)
+        except Exception:  # noqa: BLE001 - garbage: the parsers stop there
+            break
+        count += parser.current_channel == "analysis"
+        if token in ends:
+            break
+    return count
+
+
+def test_reasoning_tokens_are_the_analysis_messages(enc: HarmonyEncoding) -> None:
+    """Each analysis message's <|message|> and content, built-in calls on it included; nothing of
+    the final answer, of commentary, or after the turn's end."""
+    think, code, answer = (enc.encode(t, disallowed_special=()) for t in ("a b c", "print(1)", "x y"))
+    ids = enc.encode("<|channel|>analysis<|message|>", allowed_special="all") + think
+    ids += enc.encode("<|end|><|start|>assistant<|channel|>final<|message|>", allowed_special="all") + answer
+    ids += enc.encode("<|end|><|start|>assistant<|channel|>analysis to=python code<|message|>", allowed_special="all")
+    ids += code + enc.encode("<|call|><|channel|>analysis<|message|>", allowed_special="all") + think
+    parser = HarmonyParser(enc)
+    parser.feed(ids)
+    assert parser.reasoning_tokens == (1 + len(think)) + (1 + len(code)) == analysis_tokens(enc, ids)
 
 
 REASONS = st.sampled_from([None, "stop", "length", "abort"])

@@ -14,8 +14,9 @@ from router.api.http import (Body, Headers, decode_request, int_param, json_resp
                              parse_model, read_raw)
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
-from router.protocol.requests import KNOWN_INCLUDES, CreateResponse
+from router.protocol.requests import CreateResponse, check_include
 from router.protocol.sealing import seal_reasoning
+from router.protocol.shapes import input_item_view, response_view
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
@@ -68,8 +69,8 @@ class ResponsesAPI:
                 return json_response(queued)
             return event_stream(self.background.replay(queued["id"], owner, -1))
         if not req.stream:
-            body = await run.complete()
-            return json_response(body, headers=run.served_by)
+            body = await run.complete()  # stored whole; answered as the request's include shows it
+            return json_response(response_view(body, req.include or ()), headers=run.served_by)
         await run.open_stream()
         return event_stream(self.background.stream(run), run.served_by, attach=run.attach_writer)
 
@@ -79,7 +80,7 @@ class ResponsesAPI:
         body = await self._get(rid, owner)
         query = request.query_params
         if query.get("stream") not in ("true", "1"):
-            return json_response(self._included(body, query.getlist("include[]") + query.getlist("include"), owner))
+            return json_response(self._included(body, _include_query(request), owner))
         if not body.get("background"):
             raise InvalidRequest("Only responses created with background set to true can be streamed again.",
                                  param="stream", code="stream_not_available")
@@ -90,7 +91,7 @@ class ResponsesAPI:
         owner = self.auth.owner(request)
         rid = request.path_params["response_id"]
         await self.background.cancel(await self._get(rid, owner), owner)
-        return json_response(await self._get(rid, owner))
+        return json_response(response_view(await self._get(rid, owner), ()))
 
     async def delete(self, request: Request) -> Body:
         owner = self.auth.owner(request)
@@ -107,32 +108,39 @@ class ResponsesAPI:
         limit = int_param(query.get("limit", "20"), "limit", 1, 100)
         order = order_param(query.get("order", "desc"))
         after = query.get("after") or None
+        include = check_include(_include_query(request))
         try:
             page = await self.store.list_input_items(rid, owner, after=after, limit=limit, order=order)
         except KeyError:
             raise InvalidRequest(f"No input item with id '{after}' in response '{rid}'.", param="after", code="invalid_value") from None
         if page is None:
             raise _not_found(rid)
-        return json_response(list_page(page))
+        listed = list_page(page)
+        listed["data"] = [input_item_view(item, include) for item in listed["data"]]
+        return json_response(listed)
 
-    def _included(self, body: dict[str, Any], include: list[str], owner: str) -> dict[str, Any]:
-        """``include`` on a retrieve, as on a create: reasoning items get the encrypted_content a
-        create with it would have given them (the reasoning is stored; it is sealed now)."""
-        for i, value in enumerate(include):
-            if value not in KNOWN_INCLUDES:
-                raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")
+    def _included(self, body: dict[str, Any], values: list[str], owner: str) -> dict[str, Any]:
+        """``include`` on a retrieve, as on a create: the stored response shows what it names
+        (router/protocol/shapes.py ``response_view``), and reasoning items get the encrypted_content
+        a create with it would have given them (the reasoning is stored; it is sealed now)."""
+        include = check_include(values)
         if "reasoning.encrypted_content" in include and self.sealer is not None:
             for item in body.get("output") or ():
                 if item.get("type") == "reasoning" and not item.get("encrypted_content"):
                     text = "".join(part.get("text", "") for part in item.get("content") or ())
                     item["encrypted_content"] = seal_reasoning(self.sealer, owner, text)
-        return body
+        return response_view(body, include)
 
     async def _get(self, rid: str, owner: str) -> dict[str, Any]:
         body = await self.store.get_response(rid, owner)
         if body is None:
             raise _not_found(rid)
         return body
+
+
+def _include_query(request: Request) -> list[str]:
+    """A query's ``include`` values: ``include[]=...`` (the SDKs) or ``include=...``, each repeatable."""
+    return request.query_params.getlist("include[]") + request.query_params.getlist("include")
 
 
 def _not_found(rid: str) -> NotFound:

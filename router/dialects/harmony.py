@@ -47,7 +47,54 @@ _EFFORT = {
 }
 _JSON = "<|constrain|>json"
 _BUILTIN = {"browser": SystemContent.with_browser_tool, "python": SystemContent.with_python_tool}
-__all__ = ["HarmonyParser", "prompt_messages", "prompt_specs", "render_prompt", "stop_token_ids"]
+_MEDIA = ("input_image", "input_file")
+__all__ = ["HarmonyParser", "prompt_messages", "prompt_specs", "refuse_media", "render_prompt", "stop_token_ids"]
+
+
+# -- what gpt-oss cannot read ------------------------------------------------------------
+
+
+def refuse_media(written: Sequence[Item], resolved: Sequence[Item], history: Sequence[Item], *, model: str,
+                 history_param: str) -> None:
+    """A 400 naming the first ``input_image`` or ``input_file`` part a harmony prompt would hold.
+
+    gpt-oss reads text only, and a harmony prompt has no place for anything else: a part left
+    out without a word would have the model answer about what it was never shown. ``written``:
+    the request's input as sent (``input[i]``); ``resolved``: the same with ``item_reference``s
+    replaced by their items; ``history``: the items of ``previous_response_id`` or of the
+    conversation (``history_param``), whose media an earlier turn on another pool may have read.
+    """
+    for i, item in enumerate(written):
+        if (found := _media_part(item)) is not None:
+            where, kind = found
+            raise _refused(f"input[{i}].{where}", f"input[{i}].{where} is an {kind} part", model)
+    references = {item["id"]: i for i, item in enumerate(written) if item["type"] == "item_reference"}
+    sent = {id(item) for item in written}
+    for item in resolved:
+        if id(item) not in sent and (found := _media_part(item)) is not None:
+            where = f"input[{references[item['id']]}]" if item.get("id") in references else "input"
+            raise _refused(where, f"{where} refers to item {item.get('id')!r}, whose {found[0]} is an {found[1]} part", model)
+    for item in history:
+        if (found := _media_part(item)) is not None:
+            raise _refused(history_param, f"the earlier item {item.get('id')!r} (from {history_param}) has an {found[1]} "
+                           f"part at {found[0]}", model)
+
+
+def _media_part(item: Item) -> tuple[str, str] | None:
+    """Where in ``item`` its first image or file part is (``content[j]``, ``output[j]``), and its type."""
+    for key in ("content", "output"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            for j, part in enumerate(parts):
+                if isinstance(part, dict) and part.get("type") in _MEDIA:
+                    return f"{key}[{j}]", part["type"]
+    return None
+
+
+def _refused(param: str, what: str, model: str | None) -> InvalidRequest:
+    named = f"the model {model!r}" if model else "this model"
+    return InvalidRequest(f"{what}, and {named} reads text only (gpt-oss, served through harmony): send the text "
+                          "alone, or use a model that reads images and files", param=param, code="unsupported_content_type")
 
 
 # -- items -> prompt tokens ------------------------------------------------------
@@ -131,6 +178,8 @@ def _history(items: Sequence[Item]) -> list[MessageSpec]:
     out: list[MessageSpec] = []
     for i, item in enumerate(items):
         kind = item.get("type")
+        if (media := _media_part(item)) is not None:  # refuse_media names it first on a create; counts, compactions
+            raise _refused("input", f"item {item.get('id')!r} has an {media[1]} part at {media[0]}", None)
         if kind == "message":
             role = item.get("role")
             if role == "user":

@@ -188,6 +188,10 @@ class HarmonyParser:
     parsing; what was produced stays, later tokens are ignored, ``done`` turns true
     (the caller may abort the engine) and ``error`` says why; ``finish`` then ends
     as above. Exactly one Finish is produced per parser. Token ids are ints.
+
+    ``reasoning_tokens``: the tokens read inside analysis-channel messages, each one's
+    ``<|message|>`` and content (any author or recipient), as vLLM's Responses server counts
+    them (a token after which StreamableParser's ``current_channel`` is ``analysis``).
     """
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
@@ -200,6 +204,8 @@ class HarmonyParser:
         self._kind = _IGNORE  # what the current message's content becomes
         self._index = -1  # the current tool call's index
         self._calls = 0
+        self._analysis = False  # the current message is on the analysis channel
+        self.reasoning_tokens = 0
         self._finished = False
         self.done = False
         self.error: str | None = None
@@ -242,6 +248,7 @@ class HarmonyParser:
         if kind == _TEXT:
             return info[2]
         if kind == _REASONING:
+            self.reasoning_tokens += 1
             return ReasoningText(info[2])
         return None
 
@@ -269,6 +276,7 @@ class HarmonyParser:
                 self._close(token, out)
             else:
                 self._content(token, out)
+                self.reasoning_tokens += self._analysis
         elif state == _HEADER:
             if token == vocab.message:
                 self._open(out)
@@ -294,6 +302,8 @@ class HarmonyParser:
         header = _parse_header(self._header_text(), self._first)
         self._state, self._first, self._header = _CONTENT, False, []
         recipient, channel = header.recipient, header.channel
+        self._analysis = channel == "analysis"
+        self.reasoning_tokens += self._analysis  # <|message|> itself
         if header.role != "assistant":
             kind = _IGNORE
         elif recipient:
@@ -323,7 +333,7 @@ class HarmonyParser:
             self._end_turn(out)
 
     def _close(self, token: int, out: list[Delta]) -> None:
-        self._state, self._pending, self._lost = _EXPECT_START, b"", False
+        self._state, self._pending, self._lost, self._analysis = _EXPECT_START, b"", False, False
         if token == self._vocab.return_ or token == self._vocab.call:
             self._end_turn(out)
 
@@ -344,6 +354,8 @@ class HarmonyParser:
             if info is None or info[2] is None or token in stops:
                 break
             texts.append(info[2])
+        if self._analysis:
+            self.reasoning_tokens += len(texts)
         text = "".join(texts)
         if text:
             kind = self._kind

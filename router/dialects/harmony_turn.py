@@ -169,7 +169,8 @@ class HarmonyTurn:
         prompt = counts.prompt_tokens if counts and counts.prompt_tokens is not None else self._prompt_tokens
         completion = counts.completion_tokens if counts and counts.completion_tokens is not None else self._generated
         cached = counts.cached_tokens if counts and counts.cached_tokens is not None else 0
-        return Usage(prompt, completion, cached)
+        # The engine counts no reasoning for a token-level call: the analysis tokens the parser read are it.
+        return Usage(prompt, completion, cached, self._parser.reasoning_tokens)
 
 
 def _result(deltas: list[Delta]) -> Any:

@@ -84,11 +84,27 @@ class CreateResponse(BaseModel):
 
 
 
+# ``include`` values (the SDK's ResponseIncludable). Each one served has an effect: router/protocol/shapes.py
+# (what a create, its events, a retrieve and an input-items listing show), sealing, logprobs.
 KNOWN_INCLUDES = frozenset({
     "reasoning.encrypted_content", "message.output_text.logprobs", "message.input_image.image_url",
     "code_interpreter_call.outputs", "web_search_call.action.sources", "web_search_call.results",
     "file_search_call.results", "computer_call_output.output.image_url",
 })
+# Values for tools this router has no backend for: no item they name can appear, so asking is a 400.
+UNSERVED_INCLUDES = {"file_search_call.results": "file_search", "computer_call_output.output.image_url": "computer use"}
+
+
+def check_include(values: list[str] | None, param: str = "include") -> frozenset[str]:
+    """``include`` (a create's, or a retrieve's or listing's query) checked: a 400 naming the first
+    value that is unknown, or that names what this router does not serve."""
+    for i, value in enumerate(values or ()):
+        if value not in KNOWN_INCLUDES:
+            raise InvalidRequest(f"unknown include value {value!r}", param=f"{param}[{i}]", code="invalid_value")
+        if value in UNSERVED_INCLUDES:
+            raise InvalidRequest(f"include value {value!r} names {UNSERVED_INCLUDES[value]}, which this router does not serve",
+                                 param=f"{param}[{i}]", code="unsupported_parameter")
+    return frozenset(values or ())
 
 
 def compact_threshold(req: CreateResponse) -> int | None:
@@ -179,9 +195,7 @@ def check_supported(req: CreateResponse) -> None:
     compact_threshold(req)
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
-    for i, value in enumerate(req.include or ()):
-        if value not in KNOWN_INCLUDES:
-            raise InvalidRequest(f"unknown include value {value!r}", param=f"include[{i}]", code="invalid_value")
+    check_include(req.include)
     fmt = (req.text or {}).get("format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from router.protocol.requests import CreateResponse
@@ -81,3 +82,51 @@ def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0, 
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,
     }
+
+
+# -- what ``include`` adds ---------------------------------------------------------
+# The stored response keeps all of it (a later retrieve that asks sees it; the next turn's
+# prompt gives the model its tools' results); a create, its events and a retrieve show it
+# only when ``include`` names it, as OpenAI's do.
+
+OUTPUTS = "code_interpreter_call.outputs"
+# web_search_call.results: the search's results, which here are the sources it returned.
+SOURCES = frozenset({"web_search_call.action.sources", "web_search_call.results"})
+IMAGE_URLS = "message.input_image.image_url"
+
+
+def item_view(item: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
+    """An output item as a client sees it: a code_interpreter_call's ``outputs`` null and a
+    search's ``action.sources`` left out unless ``include`` names them. ``item`` itself when
+    nothing is left out; else a copy (``item`` is never changed)."""
+    kind = item.get("type")
+    if kind == "code_interpreter_call":
+        if item.get("outputs") is not None and OUTPUTS not in include:
+            return {**item, "outputs": None}
+    elif kind == "web_search_call":
+        action = item.get("action")
+        if isinstance(action, dict) and "sources" in action and SOURCES.isdisjoint(include):
+            return {**item, "action": {key: value for key, value in action.items() if key != "sources"}}
+    return item
+
+
+def response_view(body: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
+    """A Response as a client sees it (``item_view`` of each output item); ``body`` itself when
+    nothing is left out."""
+    output = body.get("output") or []
+    shown = [item_view(item, include) for item in output]
+    if all(a is b for a, b in zip(shown, output)):
+        return body
+    return {**body, "output": shown}
+
+
+def input_item_view(item: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
+    """An input item as a listing shows it: a message's ``input_image`` parts without their
+    ``image_url`` (null) unless ``include`` names ``message.input_image.image_url``."""
+    if IMAGE_URLS in include or item.get("type") != "message":
+        return item
+    parts = item.get("content")
+    if not isinstance(parts, list) or not any(isinstance(p, dict) and p.get("type") == "input_image" for p in parts):
+        return item
+    return {**item, "content": [{**p, "image_url": None} if isinstance(p, dict) and p.get("type") == "input_image" else p
+                                for p in parts]}

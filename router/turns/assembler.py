@@ -13,7 +13,7 @@ order; stable item ids; the full ``output`` in the terminal event.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
@@ -32,8 +32,9 @@ class Assembler:
     """Builds one response from deltas; holds per-request state only."""
 
     def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
-                 seal: Any = None, ids: ItemIds | None = None) -> None:
+                 seal: Any = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
         self.response = response
+        self.include = frozenset(include)  # the request's: what its events show of the items (the items keep all)
         self.ids = ids or ItemIds(response["id"])  # shared with whatever named the response's input items
         self.output: list[dict[str, Any]] = response["output"]
         self._tools = tools or ToolSet()
@@ -275,7 +276,7 @@ class Assembler:
     def _lifecycle(self, kind: str) -> Event:
         # A snapshot: later changes to the live response must not leak into sent events.
         snapshot = dict(self.response)
-        snapshot["output"] = [copy_item(item) for item in self.output]
+        snapshot["output"] = [copy_item(item, self.include) for item in self.output]
         return self.event({"type": kind, "response": snapshot})
 
     def event(self, event: Event) -> Event:

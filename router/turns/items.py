@@ -7,9 +7,12 @@ or abandoned (a failed response keeps it as ``incomplete``, without done events)
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Protocol
 
 import orjson
+
+from router.protocol.shapes import item_view
 
 Event = dict[str, Any]
 
@@ -17,18 +20,21 @@ Event = dict[str, Any]
 class Sink(Protocol):
     output: list[dict[str, Any]]
     sources: dict[str, str]  # url -> title of pages a web search returned in this response
+    include: frozenset[str]  # the request's ``include``: what the items its events carry show
 
     def ids(self, prefix: str) -> str: ...  # a new item's id (the response's ItemIds)
 
     def event(self, event: Event) -> Event: ...
 
 
-def copy_item(item: dict[str, Any]) -> dict[str, Any]:
+def copy_item(item: dict[str, Any], include: Collection[str] = frozenset()) -> dict[str, Any]:
+    """An item as an event carries it: a snapshot (later changes to the item stay out of it), showing
+    what ``include`` asks for (router/protocol/shapes.py ``item_view``; the item keeps all of it)."""
     copy = dict(item)
     for key in ("content", "summary"):
         if key in copy:
             copy[key] = [dict(part) for part in copy[key]]
-    return copy
+    return item_view(copy, include)
 
 
 class OpenItem:
@@ -39,11 +45,13 @@ class OpenItem:
 
     def announce(self, events: list[Event]) -> None:
         self.sink.output.append(self.item)
-        events.append(self.sink.event({"type": "response.output_item.added", "output_index": self.index, "item": copy_item(self.item)}))
+        events.append(self.sink.event({"type": "response.output_item.added", "output_index": self.index,
+                                       "item": copy_item(self.item, self.sink.include)}))
 
     def _done(self, events: list[Event], status: str) -> None:
         self.item["status"] = status
-        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index, "item": copy_item(self.item)}))
+        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index,
+                                       "item": copy_item(self.item, self.sink.include)}))
 
     def _base(self, content_index: int) -> Event:
         return {"item_id": self.item["id"], "output_index": self.index, "content_index": content_index}

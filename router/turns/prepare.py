@@ -47,7 +47,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
         history = await load_history(store, req.previous_response_id, owner)
     rid = response_id()
     item_ids = ItemIds(rid)  # the input items the client did not name, then the output's
-    input_items = normalize_input(req.input, item_ids)
+    written = input_items = normalize_input(req.input, item_ids)  # written: input[i] as sent
     input_items = resolve_input(history, input_items, await _referenced(store, input_items, owner))
     if not input_items and not history:
         raise InvalidRequest("'input' is empty: send at least one item.", param="input", code="empty_input")
@@ -64,6 +64,11 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     if routing.route.dialect == "harmony" and (req.top_logprobs or "message.output_text.logprobs" in (req.include or ())):
         raise InvalidRequest("logprobs are not available for this model (it is served through harmony token ids)",
                              param="top_logprobs", code="unsupported_parameter")
+    if routing.route.dialect == "harmony":  # gpt-oss reads text only: an image or file part is a 400 naming it
+        from router.dialects.harmony import refuse_media  # loaded with openai-harmony, as route.py does
+
+        refuse_media(written, input_items, history, model=req.model,
+                     history_param="conversation" if conversation_id is not None else "previous_response_id")
     return ResponseRun(
         req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
         input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,

@@ -99,7 +99,8 @@ class ResponseRun:
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
-        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal, ids=self.item_ids)
+        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal, ids=self.item_ids,
+                                    include=self.req.include or ())
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
         routing = self.routing
         arm = routing.arm if routing else self.route.pool.name

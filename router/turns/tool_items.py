@@ -140,7 +140,8 @@ class ApprovalRequestItem(OpenItem):
     def close(self, events: list[Event], status: str) -> None:
         self.item["arguments"] = "".join(self._chunks)
         self.item.pop("status", None)
-        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index, "item": copy_item(self.item)}))
+        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index,
+                                       "item": copy_item(self.item, self.sink.include)}))
 
     def abandon(self) -> None:
         self.item["arguments"] = "".join(self._chunks)
@@ -163,7 +164,8 @@ class ListToolsItem(OpenItem):
             self.item["error"] = error
         kind = "failed" if error is not None else "completed"
         events.append(self.sink.event({"type": f"response.mcp_list_tools.{kind}", "item_id": self.item["id"], "output_index": self.index}))
-        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index, "item": copy_item(self.item)}))
+        events.append(self.sink.event({"type": "response.output_item.done", "output_index": self.index,
+                                       "item": copy_item(self.item, self.sink.include)}))
 
     def close(self, events: list[Event], status: str) -> None:
         self.finish(events, [], {"type": "http_error", "code": 499, "message": "listing did not finish"})
