@@ -229,7 +229,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,
-                 admin_key=config.auth.admin_key).routes(),
+                 admin_key=config.auth.admin_key, store=store).routes(),
         *AdminAPI(pools=pools, models=targets, admin_key=config.auth.admin_key).routes(),
     ]
     starlette = Starlette(routes=routes, exception_handlers=HANDLERS)

@@ -63,6 +63,9 @@ class StoreConfig(_Section):
     dsn_env: str | None = None
     pool_min: int = Field(1, ge=0)
     pool_max: int = Field(10, ge=1)
+    # postgres: a call that loses the server (a restart, an outage) is retried, with backoff, for
+    # this long; past it, 503 store_unavailable (a stream: error + response.failed).
+    retry_s: float = Field(30.0, ge=0, le=3600)
     # Stored responses expire this many seconds after they are created; None keeps them forever.
     ttl_s: int | None = Field(None, gt=0)
 

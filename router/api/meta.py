@@ -14,11 +14,13 @@ from router.api.auth import Authenticator
 from router.api.http import json_response
 from router.metrics import CONTENT_TYPE
 from router.protocol.errors import NotFound, Unauthorized
+from router.state.store import Store, StoreUnavailable
 
 
 class MetaAPI:
     def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator, metrics: Any = None,
-                 admin_key: str = "") -> None:
+                 admin_key: str = "", store: Store | None = None) -> None:
+        self.store = store
         self.metrics = metrics
         self.admin_key = admin_key
         self.models = models
@@ -63,15 +65,38 @@ class MetaAPI:
         worker" (fix or wait for the workers) from "circuit open on all workers" (they pass health
         checks, but their calls failed; a trial call follows the cool-down). The pools, with their workers' URLs, processes and last
         errors, only for the admin key when one is configured: a load balancer's probe needs the
-        status, not the insides."""
+        status, not the insides.
+
+        ``store``: whether the store answers one round trip now (no retries; always, with its error,
+        for the admin key; for others only when it does not answer). A store that does not answer
+        makes the status ``degraded``, not a 503: ``store: false`` requests and the passthrough are
+        still served, and every replica shares the store, so a load balancer would take them all
+        out at once."""
         pools = [pool.describe() for pool in self.pools]
         serving = all(p["available_workers"] > 0 for p in pools)
-        degraded = any(p["status"] != "ok" for p in pools)
+        store = await self._store_state()
+        degraded = any(p["status"] != "ok" for p in pools) or not store["ok"]
         status = "down" if not serving else ("degraded" if degraded else "ok")
-        body: dict[str, Any] = {"status": status, "pools": pools} if self._is_admin(request) else {"status": status}
+        admin = self._is_admin(request)
+        body: dict[str, Any] = {"status": status, "pools": pools} if admin else {"status": status}
+        if admin:
+            body["store"] = store
+        elif not store["ok"]:
+            body["store"] = {"ok": False}
         if not serving:
             body["reason"] = "; ".join(sorted({p["reason"] for p in pools if p["reason"] is not None}))
         return json_response(body, 200 if serving else 503)
+
+    async def _store_state(self) -> dict[str, Any]:
+        """``{"ok": true}``, or ``{"ok": false, "error": ...}`` when the store's ping fails."""
+        if self.store is None:
+            return {"ok": True}
+        try:
+            await self.store.ping()
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            return {"ok": False, "error": f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message}
+        return {"ok": True}
 
 
 def _model(name: str) -> dict[str, Any]:

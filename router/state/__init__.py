@@ -18,7 +18,8 @@ def make_store(config: StoreConfig, base_dir: Path) -> Store:
     if config.kind == "postgres":
         from router.state.postgres import PostgresStore  # asyncpg is needed only here
 
-        return PostgresStore(config.resolved_dsn(), min_size=config.pool_min, max_size=config.pool_max)
+        return PostgresStore(config.resolved_dsn(), min_size=config.pool_min, max_size=config.pool_max,
+                             retry_s=config.retry_s)
     from router.state.sqlite import SQLiteStore
 
     path = config.path

@@ -18,6 +18,21 @@ Schema migrations run at ``open()`` inside one transaction holding a
 ``pg_advisory_xact_lock``, so replicas starting at once apply them one at a
 time; ``schema_migrations`` records each version applied.
 
+A restart or a short outage of the server is ridden out: every call goes
+through ``Retrier`` (router/state/retry.py), which tries it again on a
+connection error for up to ``retry_s``, then raises ``StoreUnavailable``.
+A connection the server closed is never handed out again: asyncpg's pool
+replaces a closed connection when it is next acquired, and closes one that
+broke in use; and after any connection failure every pooled connection made
+before it is closed rather than reused (``_expire``), including one whose
+end asyncpg has not seen yet (found mid-restart). Every retried call is idempotent as a whole, including
+when an attempt's COMMIT was sent and its answer lost: a put is an upsert that
+replaces the items; reads and lease renewals run again; an event append or a
+conversation append checks, after an attempt that may have committed, whether
+its rows are there (``postgres_background``, ``postgres_conversations``). A
+delete retried after such an attempt may report False (the row is gone either
+way). ``fail_abandoned`` is never retried (see ``BackgroundStore``).
+
 The class is split by concern: this module holds the pool, the schema and
 responses; ``postgres_conversations`` and ``postgres_background`` hold the
 conversation and background-response methods as mixins over the same pool.
@@ -35,7 +50,8 @@ import orjson
 from router.state.common import UNFINISHED, check_page, decode_bodies, item_id
 from router.state.postgres_background import INSERT_ITEMS_SQL, PostgresBackground
 from router.state.postgres_conversations import PostgresConversations
-from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse
+from router.state.retry import Retrier
+from router.state.store import Item, ItemPage, Order, ResponseDeleted, ResponseInProgress, StoredResponse, StoreUnavailable
 
 INPUT, OUTPUT = 0, 1
 # A chain deeper than this is treated as corrupt (a cycle written by a bug)
@@ -45,6 +61,38 @@ MAX_CHAIN_DEPTH = 100_000
 PURGE_BATCH = 1000
 # The advisory lock key held while migrating ("RespRout").
 MIGRATION_LOCK = 0x52657370526F7574
+# A new connection must be up within this long (asyncpg's default is 60 s): a server that does not
+# answer at all costs one attempt this long, not the whole retry budget.
+CONNECT_TIMEOUT_S = 10.0
+# ``ping`` (/health) answers within about this long, whatever the server does.
+PING_TIMEOUT_S = 3.0
+# Errors that say the server went away or is not there yet, and nothing about the statement: a
+# restart ends every session (57P01 admin shutdown), refuses connections while it is down, or
+# answers "starting up"/"shutting down" (57P03); a connection may break mid-operation (class 08)
+# or be found closed (InterfaceError). Not "pool is closing": that is the router's own stop.
+_TRANSIENT = (
+    OSError,  # refused, reset, timed out (TimeoutError is an OSError), a socket file gone
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is the connection's failure (worth another try), not the statement's.
+    PermissionError is an OSError, but the store's own answer (another owner's id), or a socket
+    file the router may not open: neither goes away by trying again."""
+    if isinstance(exc, _TRANSIENT):
+        return not isinstance(exc, PermissionError)
+    if isinstance(exc, asyncpg.InterfaceError):
+        message = str(exc)
+        return "connection is closed" in message or "connection was closed" in message
+    # A connection that got the server's goodbye (57P01) while idle and is handed out before its
+    # socket's end is seen: its next statement finds the protocol still consuming that error.
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith("cannot switch to state")
+
 
 # MIGRATIONS[n] takes the schema from version n to n + 1. Append only.
 MIGRATIONS: list[list[str]] = [
@@ -234,7 +282,8 @@ class PostgresStore(PostgresConversations, PostgresBackground):
     shared by any number of router replicas."""
 
     def __init__(
-        self, dsn: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] = time.time
+        self, dsn: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] = time.time,
+        retry_s: float = 30.0,
     ) -> None:
         self.dsn = dsn
         self.min_size = min_size
@@ -242,6 +291,17 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         # Unix seconds; what "expired" is measured against.
         self.clock = clock
         self._pool_: asyncpg.Pool | None = None
+        self._retry = Retrier(retry_s, transient, "PostgreSQL", on_transient=self._expire)
+
+    def reachable_s(self) -> float:
+        return self._retry.reachable_s()
+
+    async def _expire(self) -> None:
+        """After a connection failed: every pooled connection made before it is closed instead of
+        reused (idle ones at their next acquire, busy ones when released), so none that a restart
+        broke is handed out again, whether or not asyncpg has seen its socket close yet."""
+        if self._pool_ is not None:
+            await self._pool_.expire_connections()
 
     @property
     def _pool(self) -> asyncpg.Pool:
@@ -253,9 +313,16 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         return int(self.clock())
 
     async def open(self) -> None:
-        """Create the pool and bring the schema up to date. A second open is a no-op."""
+        """Create the pool and bring the schema up to date (a server still starting is waited for,
+        up to ``retry_s``). A second open is a no-op."""
         if self._pool_ is not None:
             return
+        try:
+            self._pool_ = await self._retry.run(self._open_pool)
+        except StoreUnavailable as exc:  # start-up says why, in one line (router/cli.py)
+            raise RuntimeError(f"PostgreSQL cannot be reached: {exc.__cause__}") from exc.__cause__
+
+    async def _open_pool(self) -> asyncpg.Pool:
         # Plan every query with its actual parameters. A prepared statement's cached
         # generic plan is made once per connection, from the table sizes of that
         # moment: one made while the tables were small (a fresh database) kept a
@@ -264,7 +331,8 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         defaults = {"application_name": "responses-router", "plan_cache_mode": "force_custom_plan"}
         settings = {k: v for k, v in defaults.items() if k not in self.dsn}  # the DSN may choose otherwise
         pool = await asyncpg.create_pool(
-            self.dsn, min_size=self.min_size, max_size=self.max_size, server_settings=settings
+            self.dsn, min_size=self.min_size, max_size=self.max_size, server_settings=settings,
+            timeout=CONNECT_TIMEOUT_S,
         )
         try:
             async with pool.acquire() as conn:
@@ -272,7 +340,19 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         except BaseException:
             await pool.close()
             raise
-        self._pool_ = pool
+        return pool
+
+    async def ping(self) -> None:
+        """One round trip on a pooled connection, no retry: StoreUnavailable when it fails, or when no
+        connection answers within PING_TIMEOUT_S (a probe must not hang)."""
+        await self._retry.once(self._ping)
+
+    async def _ping(self) -> None:
+        try:
+            async with self._pool.acquire(timeout=PING_TIMEOUT_S) as conn:
+                await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
+        except TimeoutError as exc:  # slow or busy, not seen to fail: no connection is dropped for it
+            raise StoreUnavailable(f"PostgreSQL did not answer within {PING_TIMEOUT_S:g} s") from exc
 
     @staticmethod
     async def _migrate(conn: asyncpg.Connection) -> None:
@@ -316,6 +396,11 @@ class PostgresStore(PostgresConversations, PostgresBackground):
                 positions.append(position)
                 item_ids.append(item_id(item))
                 bodies.append(orjson.dumps(item))
+        await self._retry.run(self._put, r, body, kinds, positions, item_ids, bodies)
+
+    async def _put(self, r: StoredResponse, body: bytes, kinds: list[int], positions: list[int],
+                   item_ids: list[str | None], bodies: list[bytes]) -> None:
+        """One attempt of ``put_response``: idempotent, so a retry after a lost COMMIT is harmless."""
         async with self._pool.acquire() as conn, conn.transaction():
             if r.existing and await conn.fetchval("SELECT 1 FROM responses WHERE id = $1 FOR UPDATE", r.id) is None:
                 raise ResponseDeleted(r.id)
@@ -331,12 +416,12 @@ class PostgresStore(PostgresConversations, PostgresBackground):
                 await conn.execute(INSERT_ITEMS_SQL, r.id, kinds, positions, item_ids, bodies)
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
-        body = await self._pool.fetchval(_GET_SQL, response_id, owner, self._now())
+        body = await self._retry.run(self._pool.fetchval, _GET_SQL, response_id, owner, self._now())
         return None if body is None else orjson.loads(body)
 
     async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
         """One recursive query; a missing (deleted, expired) ancestor ends the chain there."""
-        rows = await self._pool.fetch(_HISTORY_SQL, response_id, owner, self._now(), MAX_CHAIN_DEPTH)
+        rows = await self._retry.run(self._pool.fetch, _HISTORY_SQL, response_id, owner, self._now(), MAX_CHAIN_DEPTH)
         if not rows:
             return None  # the LEFT JOIN yields >= 1 row for every response found
         if rows[-1][1]:
@@ -346,7 +431,7 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         conversation_id, position = rows[0][2:]
         if conversation_id is None:
             return items
-        before = await self._pool.fetch(_CONVERSATION_BEFORE_SQL, conversation_id, owner, position)
+        before = await self._retry.run(self._pool.fetch, _CONVERSATION_BEFORE_SQL, conversation_id, owner, position)
         return decode_bodies(before) + items
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
@@ -354,18 +439,18 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         (a conversation keeps copies of its responses' items) yields one of its copies."""
         if not item_ids:
             return {}
-        rows = await self._pool.fetch(_GET_ITEMS_SQL, list(item_ids), owner, self._now())
+        rows = await self._retry.run(self._pool.fetch, _GET_ITEMS_SQL, list(item_ids), owner, self._now())
         return {iid: orjson.loads(body) for iid, body in rows}
 
     async def delete_response(self, response_id: str, owner: str) -> bool:
         """Items and events go by ON DELETE CASCADE; children keep their own rows."""
-        return bool(await self._pool.fetchval(_DELETE_SQL, response_id, owner, self._now()))
+        return bool(await self._retry.run(self._pool.fetchval, _DELETE_SQL, response_id, owner, self._now()))
 
     async def purge_expired(self, now: int) -> int:
         """Delete expired responses (items, events by cascade), PURGE_BATCH per transaction."""
         total = 0
         while True:
-            status = await self._pool.execute(_PURGE_SQL, now, PURGE_BATCH)
+            status = await self._retry.run(self._pool.execute, _PURGE_SQL, now, PURGE_BATCH)
             n = int(status.split()[-1])  # "DELETE <n>"
             total += n
             if n < PURGE_BATCH:
@@ -388,7 +473,7 @@ class PostgresStore(PostgresConversations, PostgresBackground):
         check_page(limit, order)
         start = -1 if order == "asc" else 2**31 - 1
         args = (response_id, owner, self._now(), after, start, limit + 1)
-        row = await self._pool.fetchrow(_LIST[order], *args)
+        row = await self._retry.run(self._pool.fetchrow, _LIST[order], *args)
         if row is None:
             return None
         if row["bound"] is None:
@@ -398,12 +483,14 @@ class PostgresStore(PostgresConversations, PostgresBackground):
 
     async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
         """Record where a stored response was served (ignored when the response is not stored)."""
-        await self._pool.execute(
+        await self._retry.run(
+            self._pool.execute,
             "INSERT INTO response_routing (response_id, body) SELECT id, $1 FROM responses WHERE id = $2 "
             "ON CONFLICT (response_id) DO UPDATE SET body = excluded.body", orjson.dumps(routing), response_id)
 
     async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:
-        body = await self._pool.fetchval(
+        body = await self._retry.run(
+            self._pool.fetchval,
             "SELECT g.body FROM response_routing g JOIN responses r ON r.id = g.response_id "
             "WHERE g.response_id = $1 AND r.owner = $2", response_id, owner)
         return None if body is None else orjson.loads(body)

@@ -10,7 +10,13 @@ deleted with its response by ON DELETE CASCADE (so ``delete_response`` and
 rows it fails with ``FOR UPDATE SKIP LOCKED``, so a row is failed by one
 replica only (another replica skips it while it is locked, and no longer
 matches it once that replica commits), and a response its holder is writing
-at that moment is left for the next sweep.
+at that moment is left for the next sweep. It is never retried (``Retrier.once``):
+the sweep runs again soon, and after an outage it must first give the holders
+time to renew the leases they could not renew meanwhile.
+
+An append is retried like every call (router/state/postgres.py), and made
+idempotent: after an attempt that may have committed (its statement was sent),
+the next one first checks whether those events are logged, bodies and all.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncpg
 import orjson
 
 from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body, item_id
+from router.state.retry import Retrier
 from router.state.store import Settle
 
 # Abandoned responses failed per transaction.
@@ -31,6 +38,14 @@ _LIVE = "(r.expires_at IS NULL OR r.expires_at > $3)"
 _APPEND_SQL = """
 INSERT INTO response_events (response_id, sequence_number, body)
 SELECT $1, t.seq, t.body FROM unnest($2::bigint[], $3::bytea[]) AS t (seq, body)
+"""
+
+# Whether these events ($2 sequence numbers, $3 bodies) are all logged, as they are: an append's
+# attempt whose answer was lost with its connection may have committed them.
+_LOGGED_SQL = """
+SELECT count(*) = cardinality($2::bigint[]) FROM response_events e
+JOIN unnest($2::bigint[], $3::bytea[]) AS t (seq, body) ON e.sequence_number = t.seq AND e.body = t.body
+WHERE e.response_id = $1
 """
 
 # No row: the response is unknown; one NULL row: it has no events after $4.
@@ -70,9 +85,10 @@ WHERE r.id = t.id
 
 
 class PostgresBackground:
-    """Mixin of PostgresStore (which provides ``_pool``, ``_now``)."""
+    """Mixin of PostgresStore (which provides ``_pool``, ``_now``, ``_retry``)."""
 
     if TYPE_CHECKING:
+        _retry: Retrier
 
         @property
         def _pool(self) -> asyncpg.Pool: ...
@@ -86,8 +102,17 @@ class PostgresBackground:
         if not rows:
             return
         seqs, bodies = (list(column) for column in zip(*rows))
-        try:
+        sent = False
+
+        async def attempt() -> None:
+            nonlocal sent
+            if sent and await self._pool.fetchval(_LOGGED_SQL, response_id, seqs, bodies):
+                return  # the attempt that broke had committed them
+            sent = True
             await self._pool.execute(_APPEND_SQL, response_id, seqs, bodies)
+
+        try:
+            await self._retry.run(attempt)
         except asyncpg.ForeignKeyViolationError:
             raise KeyError(response_id) from None
         except asyncpg.UniqueViolationError as exc:
@@ -100,7 +125,7 @@ class PostgresBackground:
         is unknown (or expired) to this owner. ValueError for a limit below 1."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
-        rows = await self._pool.fetch(_READ_SQL, response_id, owner, self._now(), after, limit)
+        rows = await self._retry.run(self._pool.fetch, _READ_SQL, response_id, owner, self._now(), after, limit)
         if not rows:
             return None
         return decode_bodies(rows)
@@ -108,15 +133,15 @@ class PostgresBackground:
     async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
         """Set ``lease_until`` on those of these responses whose lease ``holder`` holds."""
         if response_ids:
-            await self._pool.execute(_RENEW_SQL, sorted(response_ids), holder, float(until))
+            await self._retry.run(self._pool.execute, _RENEW_SQL, sorted(response_ids), holder, float(until))
 
     async def request_cancel(self, response_id: str, owner: str) -> bool:
-        return await self._pool.fetchval(_CANCEL_SQL, response_id, owner, self._now()) is not None
+        return await self._retry.run(self._pool.fetchval, _CANCEL_SQL, response_id, owner, self._now()) is not None
 
     async def cancel_requested(self, response_ids: list[str]) -> set[str]:
         if not response_ids:
             return set()
-        going_on = {rid for (rid,) in await self._pool.fetch(_GOING_ON_SQL, list(response_ids))}
+        going_on = {rid for (rid,) in await self._retry.run(self._pool.fetch, _GOING_ON_SQL, list(response_ids))}
         return set(response_ids) - going_on  # flagged, or no longer there
 
     async def fail_abandoned(self, now: float, error: dict[str, Any], settle: Settle | None = None) -> list[str]:
@@ -127,15 +152,21 @@ class PostgresBackground:
         orjson.dumps(error)  # an unserializable error fails here, before any write
         failed: list[str] = []
         while True:
-            async with self._pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(_ABANDONED_SQL, float(now), FAIL_BATCH)
-                if rows:
-                    ids = [row["id"] for row in rows]
-                    bodies = [failed_body(row["body"], error, await _settled(conn, row["id"], settle)) for row in rows]
-                    await conn.execute(_FAIL_SQL, ids, bodies)
-                    failed += ids
-            if len(rows) < FAIL_BATCH:
+            ids = await self._retry.once(self._fail_batch, float(now), error, settle)
+            failed += ids
+            if len(ids) < FAIL_BATCH:
                 return failed
+
+    async def _fail_batch(self, now: float, error: dict[str, Any], settle: Settle | None) -> list[str]:
+        """One transaction of ``fail_abandoned``: the ids it failed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_ABANDONED_SQL, now, FAIL_BATCH)
+            if not rows:
+                return []
+            ids = [row["id"] for row in rows]
+            bodies = [failed_body(row["body"], error, await _settled(conn, row["id"], settle)) for row in rows]
+            await conn.execute(_FAIL_SQL, ids, bodies)
+            return ids
 
 
 async def _settled(conn: asyncpg.Connection, rid: str, settle: Settle | None) -> list[Any] | None:

@@ -27,6 +27,7 @@ mixins over the same connection and thread.
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
 from collections.abc import Callable
@@ -138,6 +139,15 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     def _now(self) -> int:
         return int(self.clock())
+
+    def reachable_s(self) -> float:
+        """A file this process has open: no server to lose (BackgroundStore)."""
+        return math.inf
+
+    async def ping(self) -> None:
+        """Nothing to reach (the database is a file this process has open); RuntimeError when closed."""
+        if self._executor is None:
+            raise RuntimeError("SQLiteStore is not open")
 
     _write = staticmethod(transaction)
 

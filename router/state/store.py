@@ -26,6 +26,11 @@ Rules every implementation follows (the contract tests in
 - The event log of a response is deleted with the response (and purged
   with it). Background bookkeeping (lease, cancel request) lives on the
   response row and is never visible in the Response body.
+- A database that cannot be reached (a restart, an outage) is retried for a
+  bounded time where the store can (PostgreSQL: ``[store] retry_s``); past
+  it, any call raises ``StoreUnavailable``. A retried write has the effect of
+  one write, even when an attempt's outcome was lost with its connection; a
+  retried delete whose lost attempt had deleted reports False.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from router.protocol.errors import APIError
 
 Item = dict[str, Any]
 Order = Literal["asc", "desc"]
@@ -75,6 +82,16 @@ class ResponseDeleted(KeyError):
     """A put with ``existing`` found no response to update: it was deleted meanwhile."""
 
 
+class StoreUnavailable(APIError):
+    """The store could not be reached, retries included: the client may try again later (503)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str = "The response store cannot be reached right now; try again later.") -> None:
+        super().__init__(message, code="store_unavailable")
+
+
 class ResponseInProgress(Exception):
     """``load_history`` from a response that has not finished: a turn on it would miss its output."""
 
@@ -99,6 +116,9 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Release the connection(s). Idempotent; any later call but ``open`` raises RuntimeError."""
+
+    async def ping(self) -> None:
+        """Reach the database once, without retrying (``/health``): StoreUnavailable when it cannot."""
 
     async def put_response(self, response: StoredResponse) -> None:
         """Insert or replace a response, its input items and output items, atomically.
@@ -214,6 +234,11 @@ class BackgroundStore(Protocol):
     response whose lease ran out (its replica died) is marked failed.
     """
 
+    def reachable_s(self) -> float:
+        """How long the database has answered this replica since it last failed to (seconds; inf when
+        it never failed, 0.0 while it is failing). Leases could not be renewed while it failed: the
+        sweep waits until it has answered for a lease (router/turns/background.py)."""
+
     async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
         """Add events (each has a unique, increasing ``sequence_number``) to the response's log, atomically.
 
@@ -244,4 +269,5 @@ class BackgroundStore(Protocol):
         their lease cleared. With ``settle``, one that has logged events gets the output
         ``settle(events)`` gives (what its run had produced; router/protocol/replay.py). Returns
         their ids. Safe to run on every replica at once: each response is failed (and returned) by
-        one of them only."""
+        one of them only. Never retried: a database it cannot reach raises StoreUnavailable at once
+        (the sweep runs again soon, and must first give the holders a lease to renew theirs)."""

@@ -21,7 +21,7 @@ from typing import Any
 from router.protocol.errors import APIError, InvalidRequest, NotFound
 from router.protocol.replay import output_of
 from router.protocol.shapes import response_error
-from router.state.store import BackgroundStore, ResponseDeleted
+from router.state.store import BackgroundStore, ResponseDeleted, StoreUnavailable
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.background")
@@ -54,6 +54,7 @@ class BackgroundRuns:
         self._cancelling: set[str] = set()
         self._wake: dict[str, asyncio.Event] = {}
         self._loops: list[asyncio.Task[None]] = []
+        self._later: set[asyncio.Task[None]] = set()  # storing the ends of streams the store missed
 
     async def start(self) -> None:
         failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED, output_of)
@@ -64,7 +65,7 @@ class BackgroundRuns:
 
     async def stop(self, drain_s: float = 5.0, margin_s: float = 2.0) -> None:
         """Let running responses finish for ``drain_s``, then fail the rest (given ``margin_s`` to store that)."""
-        for loop in self._loops:
+        for loop in [*self._loops, *self._later]:
             loop.cancel()
         if self._runs:
             await asyncio.wait(list(self._runs.values()), timeout=drain_s)
@@ -103,18 +104,32 @@ class BackgroundRuns:
             async for events in stream:
                 yield events
         finally:
-            self._streams.discard(rid)
-            await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
+            try:
+                await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
+            finally:
+                if run.unstored:  # the store was unavailable: its end is stored once it is back, leased here meanwhile
+                    task = asyncio.create_task(self._store_when_back(run, None), name=f"unstored:{rid}")
+                    self._later.add(task)
+                    task.add_done_callback(self._later.discard)
+                else:
+                    self._streams.discard(rid)
 
     async def _run(self, run: ResponseRun) -> None:
         rid = run.response["id"]
         log_ = _EventLog(self.store, rid, self.max_events, self._wake[rid])
         try:
-            await self._drive(run, log_)
+            try:
+                await self._drive(run, log_)
+            except StoreUnavailable:  # its end could not be stored or logged: it is, once the store is back
+                run.unstored = True
+            await self._store_when_back(run, log_)
         except ResponseDeleted:  # deleted while it ran: nothing to record, and it stays deleted
             log.info("background response %s was deleted while it ran; stopped", rid)
         finally:
-            await log_.flush()
+            try:
+                await log_.flush()
+            except StoreUnavailable:
+                log.warning("background response %s: its last events are not logged (store unavailable)", rid)
             self._runs.pop(rid, None)
             self._cancelling.discard(rid)
             self._wake.pop(rid, None)
@@ -126,6 +141,9 @@ class BackgroundRuns:
                 await run.open_stream()
                 async for events in run.events(background=True):
                     await log_.add(events)
+            except StoreUnavailable as exc:  # unreachable past its retries: it stops, stored once the store is back
+                if run.response["status"] not in FINISHED:
+                    log_.keep(await run.failed(exc))
             except APIError:  # the worker could not be reached: stored failed by the runner
                 await log_.add(run.failure_events)
             except asyncio.CancelledError:
@@ -134,7 +152,7 @@ class BackgroundRuns:
                 await log_.add(await run.cancelled())
         except asyncio.CancelledError:  # shutdown: record the failure while we still can
             await log_.add(await run.failed(STOPPED))
-        except ResponseDeleted:
+        except (ResponseDeleted, StoreUnavailable):
             raise
         except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
             log.exception("background response %s crashed", run.response["id"])
@@ -176,6 +194,27 @@ class BackgroundRuns:
         if task is not None and rid not in self._cancelling:
             self._cancelling.add(rid)
             task.cancel()
+
+    async def _store_when_back(self, run: ResponseRun, log_: _EventLog | None) -> None:
+        """Store what a run could not (its end, then its last events: the store stayed unreachable past
+        its retries), trying until the store answers. Its id stays leased here meanwhile, renewed as
+        soon as the store is back, so no sweep fails it as abandoned, for the wrong reason."""
+        rid = run.response["id"]
+        try:
+            while True:
+                try:
+                    if run.unstored:
+                        await run.persist()
+                        run.unstored = False
+                    if log_ is not None:
+                        await log_.flush()
+                    return
+                except StoreUnavailable:
+                    await asyncio.sleep(self.lease_s / 3)
+        except ResponseDeleted:
+            log.info("response %s was deleted before its end could be stored", rid)
+        finally:
+            self._streams.discard(rid)
 
     # -- replay ----------------------------------------------------------------
 
@@ -231,9 +270,16 @@ class BackgroundRuns:
             try:
                 if self._runs or self._streams:
                     await self.store.renew_leases([*self._runs, *self._streams], self.holder, time.time() + self.lease_s)
+                # No lease could be renewed while the store was unreachable: none is judged until it
+                # has answered for a lease since (a ping starts the count), so their holders renew them.
+                if self.store.reachable_s() < self.lease_s:
+                    await self.store.ping()  # type: ignore[attr-defined]
+                    continue
                 failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
                 if failed:
                     log.warning("marked abandoned background responses failed: %s", ", ".join(failed))
+            except StoreUnavailable:  # the store's own log lines say so
+                pass
             except Exception:  # noqa: BLE001 - keep renewing whatever one round did
                 log.exception("lease round failed")
 
@@ -245,6 +291,8 @@ class BackgroundRuns:
             try:
                 for rid in await self.store.cancel_requested(list(self._runs)):
                     self._cancel_local(rid)
+            except StoreUnavailable:  # the store's own log lines say so
+                pass
             except Exception:  # noqa: BLE001
                 log.exception("cancel poll failed")
 
@@ -273,9 +321,14 @@ class _EventLog:
         self._later: asyncio.Task[None] | None = None  # the timer's flush, referenced while it runs
         self._error: Exception | None = None  # the timer's flush failed: raised by the next add
 
+    def keep(self, events: list[Event]) -> None:
+        """Queue ``events`` for the next flush, without writing now."""
+        self._pending += events
+
     async def add(self, events: list[Event]) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            self._pending += events  # kept for a later flush (the failed batch went back before them)
             raise error
         self._pending += events
         terminal = bool(events) and events[-1]["type"] in TERMINAL
@@ -311,6 +364,9 @@ class _EventLog:
                     await self._store.append_events(self._rid, batch)
                 except KeyError:  # the response was deleted while it ran: nothing left to replay
                     self._cap = 0
+                except StoreUnavailable:  # kept for the next flush: the log stays whole, in order
+                    self._pending = batch + self._pending
+                    raise
                 self._written += len(batch)
             self._last = time.monotonic()
             self._wake.set()

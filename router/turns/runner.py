@@ -27,7 +27,7 @@ from router.protocol.ids import ItemIds
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
-from router.state.store import ResponseDeleted, Store, StoredResponse
+from router.state.store import ResponseDeleted, Store, StoredResponse, StoreUnavailable
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
 from router.dialects.deltas import ReasoningText, Usage
 from router.protocol.requests import compact_threshold
@@ -90,6 +90,8 @@ class ResponseRun:
     direct: Callable[[list[Event]], bool] | None = None
     _tool_calls_run: int = 0
     _persisted: bool = False  # stored once already: later puts only update it (a background run, a leased stream)
+    # Its end could not be stored (the store stayed unreachable past its retries): ``persist`` again later.
+    unstored: bool = False
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
@@ -122,6 +124,8 @@ class ResponseRun:
             await self.open_stream()
             async for _ in self.events():
                 pass
+            if self.unstored:  # made, but the store stayed unreachable: 503, as a plain create's put says
+                raise StoreUnavailable()
             error = self.response.get("error")
             if self.response["status"] == "failed" and error:
                 raise UpstreamError(error["message"], code=error["code"])
@@ -169,10 +173,14 @@ class ResponseRun:
                 await self._persist()
                 yield events
             else:
+                not_kept = None
                 if self.lease_holder is not None and self.req.store:
                     # Stored before the client sees its id; the worker is already at work meanwhile.
-                    await self._put_opening()
+                    not_kept = await self._put_opening()
                 yield asm.start()
+                if not_kept is not None:  # the store stayed unreachable past its retries: it could not be kept
+                    yield await self._fail(not_kept)
+                    return
             if self._compaction is not None:
                 yield asm.add_done(self._compaction)
             if self.prelude is not None:
@@ -220,7 +228,10 @@ class ResponseRun:
             else:
                 reason = "max_turns"
             events = asm.finish(reason or self._unrunnable_call())
-            await self._persist()
+            try:
+                await self._persist()
+            except StoreUnavailable as exc:  # made but not kept: the end the client sees says so
+                events = self._unstored(events, exc)
             yield events
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # The client left a foreground stream before its end: what it produced is stored as
@@ -326,7 +337,8 @@ class ResponseRun:
     async def _fail(self, error: APIError) -> list[Event]:
         self._close_stream()
         events = self._assembler.fail(error)
-        await self._persist(error.code or error.type)
+        # A store that has just given up is not asked again: that would only hold the client's end.
+        await self._persist_or_log(error.code or error.type, write=not isinstance(error, StoreUnavailable))
         return events
 
     # -- background ----------------------------------------------------------
@@ -340,7 +352,7 @@ class ResponseRun:
         conversation) and return the last events."""
         self._close_stream()  # the worker sees the disconnect and stops generating
         events = self._assembler.cancel()
-        await self._persist()
+        await self._persist_or_log()
         return events
 
     async def failed(self, error: APIError) -> list[Event]:
@@ -358,12 +370,38 @@ class ResponseRun:
     async def _failed(self, error: APIError) -> APIError:
         """Record a response that failed before streaming began; returns the error to raise."""
         self.failure_events = self._assembler.fail(error)
-        await self._persist(error.code or error.type)
+        await self._persist_or_log(error.code or error.type)
         return error
 
-    async def _persist(self, error_code: str | None = None) -> None:
+    async def _persist_or_log(self, error_code: str | None = None, *, write: bool = True) -> None:
+        """``_persist`` of an end that goes to the client whether or not it is stored (failed,
+        cancelled): a store that stays unreachable past its retries is logged, not raised."""
+        try:
+            await self._persist(error_code, write=write)
+        except StoreUnavailable:
+            write = False
+        if not write and self.req.store:
+            self.unstored = True
+            log.warning("response %s ended %s and could not be stored: the store is unavailable",
+                        self.response["id"], self.response["status"])
+
+    def _unstored(self, end: list[Event], error: StoreUnavailable) -> list[Event]:
+        """A response's last events (``asm.finish``'s), its terminal one replaced by ``error`` and
+        ``response.failed``, numbered on from it: it was made, but could not be stored."""
+        terminal = end.pop()
+        self.response["completed_at"] = None  # it did not complete after all
+        failed = self._assembler.fail(error)
+        for number, event in enumerate(failed, terminal["sequence_number"]):
+            event["sequence_number"] = number
+        if self._timer is not None:
+            self._timer.error(error.code or error.type)
+        self.unstored = bool(self.req.store)
+        return end + failed
+
+    async def _persist(self, error_code: str | None = None, *, write: bool = True) -> None:
         """Record the response; ``error_code``: why it failed, as precisely as the router knows (the
-        Response's own code is one of OpenAI's closed set), for the metrics."""
+        Response's own code is one of OpenAI's closed set), for the metrics. ``write=False`` only
+        counts it (the store is known to be unavailable)."""
         response = self.response
         status = response["status"]
         if self._timer is not None and status not in ("queued", "in_progress"):
@@ -374,7 +412,7 @@ class ResponseRun:
             await self.store.add_conversation_items(  # type: ignore[attr-defined]
                 self.conversation_id, self.owner, self.input_items + response["output"]
             )
-        if not self.req.store:
+        if not self.req.store or not write:
             return
         try:
             await self._put(response)
@@ -410,14 +448,18 @@ class ResponseRun:
         )
         self._persisted = True
 
-    async def _put_opening(self) -> None:
+    async def _put_opening(self) -> StoreUnavailable | None:
         """A leased stream's first put: ``in_progress``, no output yet, so it can be retrieved (and is
         not chained on) while it runs, and is failed by the sweep if this replica dies. A failure
-        here is logged; the put at the end tries again."""
+        here is logged; the put at the end tries again. A store unreachable past its retries is
+        returned: the stream ends failed at once (its end could not be stored either)."""
         try:
             await self._put({**self.response, "output": []})
+        except StoreUnavailable as exc:
+            return exc
         except Exception:  # noqa: BLE001 - the stream goes on; its last put stores it
             log.warning("could not store streamed response %s as it started", self.response["id"], exc_info=True)
+        return None
 
     @property
     def served_by(self) -> dict[str, str]:
