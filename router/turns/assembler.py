@@ -174,6 +174,19 @@ class Assembler:
             if isinstance(call, RouterCallItem) and call.pending:
                 call.abandon()
 
+    @property
+    def sequence(self) -> int:
+        """The next event's sequence number: it moves with every event."""
+        return self._seq
+
+    def checkpoint(self) -> list[dict[str, Any]]:
+        """The output so far as a response that ended now would have it (open items ``incomplete``,
+        their text so far), the live state unchanged: a running stream's checkpoint."""
+        open_items = {id(call.item): call for call in self._calls.values()}
+        if self._open is not None:
+            open_items[id(self._open.item)] = self._open
+        return [open_items[id(item)].snapshot() if id(item) in open_items else item for item in self.response["output"]]
+
     def fail(self, error: APIError) -> list[Event]:
         """An ``error`` event, then ``response.failed`` with what was produced so far."""
         self._abandon_open()

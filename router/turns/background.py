@@ -25,6 +25,8 @@ from router.state.store import BackgroundStore, ResponseDeleted, StoreUnavailabl
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.background")
+# How often a leased stream's output so far is stored (``BackgroundRuns._checkpoints``).
+CHECKPOINT_S = 1.0
 
 Event = dict[str, Any]
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
@@ -100,10 +102,12 @@ class BackgroundRuns:
         run.lease_s = self.lease_s
         self._streams.add(rid)
         stream = run.events()
+        checkpoints = asyncio.create_task(self._checkpoints(run), name=f"checkpoints:{rid}")
         try:
             async for events in stream:
                 yield events
         finally:
+            checkpoints.cancel()  # the run's own last put has the lock first: nothing is overwritten
             try:
                 await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
             finally:
@@ -113,6 +117,19 @@ class BackgroundRuns:
                     task.add_done_callback(self._later.discard)
                 else:
                     self._streams.discard(rid)
+
+    async def _checkpoints(self, run: ResponseRun) -> None:
+        """Every CHECKPOINT_S, a leased stream's output so far goes to the store (``run.checkpoint``):
+        a replica killed mid-stream leaves its client's answer stored ``failed`` with what the client
+        had seen up to then, as a background run leaves its event log."""
+        while True:
+            await asyncio.sleep(CHECKPOINT_S)
+            try:
+                await run.checkpoint()
+            except ResponseDeleted:
+                return
+            except Exception:  # noqa: BLE001 - a missed checkpoint only means an older one stands
+                log.debug("checkpoint of %s failed", run.response["id"], exc_info=True)
 
     async def _run(self, run: ResponseRun) -> None:
         rid = run.response["id"]

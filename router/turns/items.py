@@ -62,6 +62,11 @@ class OpenItem:
     def abandon(self) -> None:
         self.item["status"] = "incomplete"
 
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the item as ``abandon`` would leave it now, the item itself unchanged: what a
+        checkpoint of a running response stores (router/turns/runner.py ``checkpoint``)."""
+        return {**self.item, "status": "incomplete"}
+
 
 class MessageItem(OpenItem):
     """An assistant message: output_text and refusal parts."""
@@ -152,6 +157,13 @@ class MessageItem(OpenItem):
             self.item["content"][-1]["text" if self.part == "output_text" else "refusal"] = "".join(self.chunks)
         super().abandon()
 
+    def snapshot(self) -> dict[str, Any]:
+        copy = super().snapshot()
+        copy["content"] = [dict(part) for part in self.item["content"]]
+        if self.part is not None and copy["content"]:
+            copy["content"][-1]["text" if self.part == "output_text" else "refusal"] = "".join(self.chunks)
+        return copy
+
 
 class ReasoningItem(OpenItem):
     """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
@@ -204,6 +216,13 @@ class ReasoningItem(OpenItem):
         self.item["content"][0]["text"] = "".join(self.chunks)
         super().abandon()
 
+    def snapshot(self) -> dict[str, Any]:
+        copy = super().snapshot()
+        copy["content"] = [dict(part) for part in self.item["content"]]
+        if copy["content"]:
+            copy["content"][0]["text"] = "".join(self.chunks)
+        return copy
+
 
 class CallItem(OpenItem):
     """A ``function_call`` (arguments streamed) or a ``custom_tool_call`` (input sent when complete)."""
@@ -248,6 +267,12 @@ class CallItem(OpenItem):
         else:
             self.item["arguments"] = arguments
         super().abandon()
+
+    def snapshot(self) -> dict[str, Any]:
+        copy = super().snapshot()
+        arguments = "".join(self._chunks)
+        copy["input" if self._custom else "arguments"] = _custom_input(arguments) if self._custom else arguments
+        return copy
 
 
 def _custom_input(arguments: str) -> str:

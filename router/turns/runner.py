@@ -90,6 +90,8 @@ class ResponseRun:
     direct: Callable[[list[Event]], bool] | None = None
     _tool_calls_run: int = 0
     _persisted: bool = False  # stored once already: later puts only update it (a background run, a leased stream)
+    _put_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _checkpointed: int = -1  # the event sequence number of the last checkpoint
     # Its end could not be stored (the store stayed unreachable past its retries): ``persist`` again later.
     unstored: bool = False
     _timer: Any = None
@@ -425,7 +427,33 @@ class ResponseRun:
         if self.record_routing and self.routing is not None and status not in ("queued", "in_progress"):
             await self.store.set_routing(response["id"], self.routing.record(self._upstream.last_url))
 
+    async def checkpoint(self) -> bool:
+        """A leased stream's output so far, stored with it ``in_progress`` (open items as they would
+        end now, ``incomplete``): if this replica dies, the sweep fails it with what its client had
+        seen up to the last checkpoint, not with nothing. Nothing when no event came since the last
+        one, or once the response ended (its own put, under the same lock, comes first). True: stored."""
+        seq = self._assembler.sequence
+        if seq == self._checkpointed or self.response["status"] != "in_progress" or not self._persisted:
+            return False
+        async with self._put_lock:
+            if self.response["status"] != "in_progress":
+                return False
+            self._checkpointed = seq
+            put = asyncio.ensure_future(self._store({**self.response, "output": self._assembler.checkpoint()}))
+            try:
+                await asyncio.shield(put)
+            except asyncio.CancelledError:  # the stream ended: the lock is kept until this put is done
+                await asyncio.wait({put})
+                if not put.cancelled():
+                    put.exception()  # retrieved: a failed checkpoint only means an older one stands
+                raise
+        return True
+
     async def _put(self, body: dict[str, Any]) -> None:
+        async with self._put_lock:  # never under a checkpoint's put, which would overwrite it
+            await self._store(body)
+
+    async def _store(self, body: dict[str, Any]) -> None:
         response = self.response
         status = body["status"]
         running = status in ("queued", "in_progress") and self.lease_holder is not None
