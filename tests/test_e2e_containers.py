@@ -108,3 +108,21 @@ def test_an_auto_container_id_is_not_reachable_by_another_key(router: RouterProc
     ran_in, logs = run(b, SHOW + "open('note.txt', 'w').write('overwritten by b')\n", auto_id)
     assert ran_in == auto_id and fields(logs)["files"] == "[]" and fields(logs)["note"] == "None"
     assert fields(run(a, SHOW, auto_id)[1])["note"] == "secret of a"
+
+
+# What model code tries that a sandbox never needs: each line prints the call and its errno.
+ESCAPES = """import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def tried(name, result):
+    print(name, errno.errorcode.get(ctypes.get_errno(), 'ok') if result == -1 else 'ok')
+tried('unshare', libc.unshare(0x10000000))  # CLONE_NEWUSER
+tried('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+tried('ptrace', libc.ptrace(16, 1, None, None))  # PTRACE_ATTACH to PID 1
+tried('keyctl', libc.syscall(250 if os.uname().machine == 'x86_64' else 219, 0, 0, 0, 0, 0))
+"""
+
+
+def test_model_code_cannot_make_namespaces_mount_or_trace(router: RouterProcess) -> None:
+    """The seccomp filter, through the router: code the model writes gets EPERM for each escape."""
+    logs = fields(run(client(router, KEY_A), ESCAPES, "escapes")[1])
+    assert logs == {"unshare": "EPERM", "mount": "EPERM", "ptrace": "EPERM", "keyctl": "EPERM"}, logs
