@@ -16,12 +16,18 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.errors import (WorkerAnswerTooLarge, WorkerError, WorkerHTTPError, WorkerStreamBroken,
-                             WorkerStreamError, WorkerUnavailable)
+from backends.errors import (
+    WorkerAnswerTooLarge,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerStreamBroken,
+    WorkerStreamError,
+    WorkerUnavailable,
+)
 from backends.wire import Connection, Wire, WireLimits
 
-__all__ = ["RawAnswer", "SSEStream", "WorkerClient", "WorkerError", "WorkerHTTPError", "WorkerStreamBroken",
-           "WorkerStreamError", "WorkerUnavailable", "WireLimits"]
+__all__ = ["RawAnswer", "SSEStream", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError", "WorkerStreamBroken",
+           "WorkerStreamError", "WorkerUnavailable"]
 
 
 class WorkerClient:
@@ -236,7 +242,7 @@ class SSEStream:
                 if batch and not on_batch(batch):
                     held = True
                     conn.pause()
-            except Exception as exc:  # raised again in the consumer's task
+            except Exception as exc:  # noqa: BLE001 - raised again in the consumer's task
                 failure = exc
                 conn.sink = None
                 conn.pause()

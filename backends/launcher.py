@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import orjson
 
@@ -53,7 +54,7 @@ class ManagedWorker:
     port: int
     label: str
     process: asyncio.subprocess.Process | None = None
-    _log_file: object | None = None
+    _log_file: IO[bytes] | None = None
     _watch: asyncio.Task[None] | None = None
     stopping: bool = False
     # After the first start succeeded, a crash is followed by a restart with exponential backoff.
@@ -95,10 +96,10 @@ class ManagedWorker:
                               model=self.spec.model, extra=self.spec.extra_args)
         out = None
         if self._log_file is not None:
-            self._log_file.close()  # type: ignore[attr-defined]
+            self._log_file.close()
         if self.spec.log_path is not None:
             self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = out = open(self.spec.log_path, "ab")
+            self._log_file = out = open(self.spec.log_path, "ab")  # noqa: ASYNC230 - a local file, once per start
         self.process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -177,7 +178,7 @@ class ManagedWorker:
         if self._watch is not None:
             self._watch.cancel()
         if self._log_file is not None:
-            self._log_file.close()  # type: ignore[attr-defined]
+            self._log_file.close()
 
     def _log_hint(self) -> str:
         return f" (log: {self.spec.log_path})" if self.spec.log_path else ""

@@ -30,17 +30,39 @@ import contextlib
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
-from backends.sim_cache import (BLOCK_TOKENS, Prefill, PrefixCache, cache_metric_lines, chat_token_ids,
-                                reply_ids)
+from backends.sim_cache import (
+    BLOCK_TOKENS,
+    Prefill,
+    PrefixCache,
+    cache_metric_lines,
+    chat_token_ids,
+    reply_ids,
+)
 from backends.sim_script import (  # noqa: F401  (VOCAB and the helpers are re-exported)
-    VOCAB, SimError, Step, ToolCall, build_script, count_prompt_tokens, cut_steps, error_body,
-    generate_tokens, int_marker, last_user_text, logprobs_body, message_fields, parse_markers,
-    read_options, step_delta, usage_body)
+    VOCAB,
+    SimError,
+    Step,
+    ToolCall,
+    build_script,
+    count_prompt_tokens,
+    cut_steps,
+    error_body,
+    generate_tokens,
+    int_marker,
+    last_user_text,
+    logprobs_body,
+    message_fields,
+    parse_markers,
+    read_options,
+    step_delta,
+    usage_body,
+)
 
 SGLANG_EOS_TOKEN_ID = 2  # SGLang's matched_stop names the stop token; here EOS
 
@@ -138,8 +160,7 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
         raise SimError(400, "Field 'messages' is required: a non-empty list of messages.",
                        "messages")
     if body.get("model") not in (None, cfg.model):  # both engines default a missing model
-        status = 400 if cfg.engine == "sglang" else 404
-        raise SimError(status, f"The model `{body.get('model')}` does not exist.", "model")
+        raise SimError(400 if cfg.engine == "sglang" else 404, f"The model `{body.get('model')}` does not exist.", "model")
     markers = parse_markers(last_user_text(messages))
     prompt = count_prompt_tokens(messages)
     status = int_marker(markers, "status")
@@ -154,7 +175,7 @@ def plan_request(body: object, cfg: SimConfig) -> Plan:
     named_stop = cfg.engine == "vllm" and script.choice == "named"
     finish = "length" if cut else "tool_calls" if script.calls and not named_stop else "stop"
     stream = bool(body.get("stream"))
-    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+    options = given if isinstance(given := body.get("stream_options"), dict) else {}
     include_usage = stream and bool(options.get("include_usage"))
     ttft, itl = int_marker(markers, "ttft_ms"), int_marker(markers, "itl_ms")
     return Plan(steps, finish, prompt, calls=script.calls,
@@ -492,6 +513,7 @@ def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m backends.sim") -> None:
     cfg = parse_args(argv, prog)
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
     try:
         from uvloop import new_event_loop as loop_factory
     except ImportError:

@@ -167,6 +167,7 @@ def cache_metric_lines(engine: str, labels: str, cache: PrefixCache) -> list[str
     SGLang: token_usage (0..1) and cache_hit_rate. A real engine counts cached
     blocks no running request holds as free; the sim reports resident blocks,
     so the signal is visible between requests."""
+    metrics: tuple[tuple[str, str, str, float], ...]  # name, type, help, value
     if engine == "sglang":
         metrics = (("sglang:token_usage", "gauge", "The token usage", cache.usage),
                    ("sglang:cache_hit_rate", "gauge", "The cache hit rate", cache.hit_rate))

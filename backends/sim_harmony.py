@@ -20,8 +20,10 @@ import random
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -79,6 +81,7 @@ def function_args(developer: str) -> dict[str, dict]:
     """`type NAME = (_: {...}) => any;` blocks (openai-harmony's TypeScript for the
     `functions` namespace) -> arguments with the required top-level fields."""
     out: dict[str, dict] = {}
+    args: dict[str, Any]
     name, depth, args = None, 0, {}
     for s in (line.strip() for line in developer.splitlines()):
         if name is None:
@@ -195,7 +198,7 @@ class HarmonySim:
             raise SimError(400, f"This model's maximum context length is {limit} tokens; the "
                            f"request has {n} input tokens and {budget} for the completion.",
                            "token_ids" if n >= limit else max_key)
-        extra = sp.get("stop_token_ids") if isinstance(sp.get("stop_token_ids"), list) else []
+        extra = given if isinstance(given := sp.get("stop_token_ids"), list) else []
         stops = set(extra) | (set() if sp.get("ignore_eos") else {RETURN, CALL})
         markers = parse_markers((info := read_prompt(self.enc, prompt)).user_text)
         ids, finish, matched = cut_ids(script_ids(self.enc, info, markers, self.cfg.default_tokens),
@@ -217,8 +220,8 @@ class HarmonySim:
     async def generate(self, run: Run):
         """Frames of ids at the simulated pace; run.end says why they stopped early."""
         m, cfg = run.markers, self.cfg
-        ttft, itl = (cfg.ttft_ms if int_marker(m, "ttft_ms") is None else int_marker(m, "ttft_ms"),
-                     cfg.itl_ms if int_marker(m, "itl_ms") is None else int_marker(m, "itl_ms"))
+        ttft, itl = (cfg.ttft_ms if (ttft_ms := int_marker(m, "ttft_ms")) is None else ttft_ms,
+                     cfg.itl_ms if (itl_ms := int_marker(m, "itl_ms")) is None else itl_ms)
         if "hang" in m:
             await run.abort.wait()
         await self._wait(run, ttft / 1000)
@@ -316,7 +319,7 @@ async def _send(request: web.Request, resp: web.StreamResponse, obj: dict | byte
     await resp.write(obj if isinstance(obj, bytes) else b"data: " + orjson.dumps(obj) + b"\n\n")
 
 
-def vllm_wire(sim: HarmonySim, run: Run, kind: str, new: list[int] = ()) -> dict | list[dict]:
+def vllm_wire(sim: HarmonySim, run: Run, kind: str, new: Sequence[int] = ()) -> dict | list[dict]:
     """ServingTokens (vllm/entrypoints/serve/disagg/{protocol,serving}.py): complete ->
     GenerateResponse dumped in full (serving.py passes id=, which it ignores: the sim
     sends the engine id as request_id, as streams do); chunk -> GenerateStreamResponse
@@ -332,7 +335,7 @@ def vllm_wire(sim: HarmonySim, run: Run, kind: str, new: list[int] = ()) -> dict
             "prompt_logprobs": None, "kv_transfer_params": None}
 
 
-def completions_wire(sim: HarmonySim, run: Run, kind: str, new: list[int] = ()) -> dict | list:
+def completions_wire(sim: HarmonySim, run: Run, kind: str, new: Sequence[int] = ()) -> dict | list:
     """vllm/entrypoints/openai/completion/{protocol,serving}.py: chunks dumped exclude_unset
     (all choice fields set), prompt_token_ids on the first, text without the stop token;
     stop_reason: the stop id, None for the primary EOS (<|return|>) and for length."""
@@ -352,20 +355,21 @@ def completions_wire(sim: HarmonySim, run: Run, kind: str, new: list[int] = ()) 
             "system_fingerprint": None, "usage": sim.usage(run, True), "kv_transfer_params": None}
 
 
-def sglang_wire(sim: HarmonySim, run: Run, kind: str, new: list[int] = ()) -> dict | list:
+def sglang_wire(sim: HarmonySim, run: Run, kind: str, new: Sequence[int] = ()) -> dict | list:
     """sglang/srt/managers/tokenizer_manager.py _handle_batch_output; streams send
     cumulative text AND output_ids unless --incremental-streaming-output; finish_reason
     null until finished. detokenizer_manager.py trims the matched stop id from text
     only (not with no_stop_trim, nor <|call|> under the gpt-oss tool-call parser)."""
     if kind == "tail":  # an aborted stream still ends with a finished chunk
         return [sglang_wire(sim, run, "chunk")] if run.end == "abort" else []
-    finish = {"abort": {"type": "abort", "message": "Abort request by user"},
-              "length": {"type": "length", "length": run.budget},
-              "stop": {"type": "stop", "matched": run.matched}}.get(run.outcome)
+    finishes: dict[str | None, dict[str, Any]] = {"abort": {"type": "abort", "message": "Abort request by user"},
+                                                  "length": {"type": "length", "length": run.budget},
+                                                  "stop": {"type": "stop", "matched": run.matched}}
+    finish = finishes.get(run.outcome)
     text = sim.text(run, not run.no_stop_trim and run.matched != CALL)
-    meta = {"id": run.rid, "finish_reason": finish, "prompt_tokens": len(run.prompt),
-            "weight_version": "default", "total_retractions": 0,
-            "completion_tokens": len(run.sent), "cached_tokens": run.cached}
+    meta: dict[str, Any] = {"id": run.rid, "finish_reason": finish, "prompt_tokens": len(run.prompt),
+                            "weight_version": "default", "total_retractions": 0,
+                            "completion_tokens": len(run.sent), "cached_tokens": run.cached}
     if finish is not None:
         meta["e2e_latency"] = round(time.monotonic() - run.started, 6)
     if kind == "chunk" and sim.cfg.incremental_streaming_output:
@@ -398,7 +402,7 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
         rid = f"{'cmpl' if completions else 'generate-tokens'}-{base}"
         run = sim.plan(body.get("prompt" if completions else "token_ids"), rid, sp, "max_tokens",
                        VLLM_COMPLETIONS_MAX_TOKENS if completions else None)
-        opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        opts = given if isinstance(given := body.get("stream_options"), dict) else {}
         run.stream = bool(body.get("stream"))
         run.include_usage = run.stream and bool(opts.get("include_usage"))
         run.token_ids = bool(body.get("return_token_ids"))
@@ -417,8 +421,8 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
     async def sglang_generate(request: web.Request) -> web.StreamResponse:
         # io_struct.py GenerateReqInput {input_ids, sampling_params, stream, rid}
         body = await _body(request)
-        sp = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else {}
-        rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+        sp = given if isinstance(given := body.get("sampling_params"), dict) else {}
+        rid = named if isinstance(named := body.get("rid"), str) else uuid.uuid4().hex
         try:
             run = sim.plan(body.get("input_ids"), rid, sp, "max_new_tokens", SGLANG_MAX_NEW_TOKENS)
         except SimError as exc:

@@ -14,6 +14,7 @@ import re
 import uuid
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -31,9 +32,9 @@ _SCHEMA_MAX_DEPTH = 64  # deeper than this, a schema's instance never ends: it r
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
                 404: "NotFoundError", 408: "RequestTimeoutError", 429: "RateLimitError",
                 503: "ServiceUnavailableError"}
-_STRING_FORMATS = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00Z",
-                   "email": "sim@example.com", "uri": "https://example.com/sim",
-                   "uuid": "00000000-0000-4000-8000-000000000000", "ipv4": "127.0.0.1"}
+_STRING_FORMATS: dict[Any, str] = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00Z",
+                                   "email": "sim@example.com", "uri": "https://example.com/sim",
+                                   "uuid": "00000000-0000-4000-8000-000000000000", "ipv4": "127.0.0.1"}  # by a schema's "format"
 
 
 class SimError(Exception):
@@ -183,12 +184,12 @@ def schema_instance(schema: object, root: object = None, path: str = "", depth: 
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else None
     if kind == "object":
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        props = given if isinstance(given := schema.get("properties"), dict) else {}
+        required = listed if isinstance(listed := schema.get("required"), list) else []
         return {name: schema_instance(sub, root, f"{path}.{name}", depth + 1)
                 for name, sub in props.items() if depth < _SCHEMA_DEPTH or name in required}
     if kind == "array":
-        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        prefix = given if isinstance(given := schema.get("prefixItems"), list) else []
         items = [schema_instance(s, root, f"{path}[{i}]", depth + 1) for i, s in enumerate(prefix)]
         want = max(int(schema.get("minItems", 0)), 0 if depth >= _SCHEMA_DEPTH or prefix else 1)
         want = min(want, int(schema.get("maxItems", want)))
@@ -257,6 +258,7 @@ def read_options(body: dict) -> Options:
             kind == "json_schema" and not isinstance(fmt.get("json_schema"), dict))):
         raise SimError(400, "Invalid 'response_format'.", "response_format")
     if kind == "json_schema":
+        assert isinstance(fmt, dict)  # kind came from it
         schema_instance(fmt["json_schema"].get("schema"))  # the engine compiles it before anything else
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if top is not None and (type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS):

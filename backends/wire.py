@@ -85,7 +85,7 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's: an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -334,9 +334,9 @@ class HostPool:
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(lambda: Connection(self), self.host, self.port), self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise WorkerUnavailable(f"{self.origin}: {exc!r}") from exc
-        return conn, False  # type: ignore[return-value]
+        return conn, False
 
     def put(self, conn: Connection) -> None:
         if len(self.idle) < MAX_IDLE and not self.closed:

@@ -104,7 +104,7 @@ async def _postgres(turns: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
     name = f"rr_bench_{uuid.uuid4().hex[:12]}"
     try:
         admin = await asyncpg.connect(server, timeout=10)
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         return [{"store": "postgres", "error": f"cannot connect ({type(exc).__name__}: {exc}); set {PG_ENV}"}]
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')

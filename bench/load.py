@@ -159,7 +159,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list (0 when empty)."""
     if not sorted_values:
         return 0.0
-    k = min(len(sorted_values) - 1, max(0, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[k]
 
 

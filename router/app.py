@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
@@ -22,11 +23,11 @@ from backends.pools import Pool, Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
 from router.api.admin import AdminAPI
-from router.api.compaction import CompactionAPI
 from router.api.auth import Authenticator
-from router.api.fastpath import FastPath
+from router.api.compaction import CompactionAPI
 from router.api.conversations import ConversationsAPI
 from router.api.errors import HANDLERS
+from router.api.fastpath import FastPath
 from router.api.meta import MetaAPI
 from router.api.passthrough import PassthroughAPI
 from router.api.responses import ResponsesAPI
@@ -42,6 +43,9 @@ from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.route import ModelRoute
 from router.turns.routing import ModelTarget
+
+if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding  # loaded only when a pool speaks harmony
 
 log = logging.getLogger("router")
 
@@ -100,12 +104,12 @@ class RouterApp:
         stops = []
         loop = asyncio.get_running_loop()
         for cfg in self.config.pools:
-            for worker in self.managed.get(cfg.name, ()):
+            for managed in self.managed.get(cfg.name, ()):
                 assert cfg.managed is not None
                 stop_s = cfg.managed.stop_timeout_s
                 if deadline is not None:
                     stop_s = max(0.5, min(stop_s, deadline - loop.time()))
-                stops.append(worker.stop(stop_s))
+                stops.append(managed.stop(stop_s))
         await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
         await self.store.close()
@@ -151,7 +155,7 @@ def _pool(cfg: PoolConfig) -> Pool:
     return pool
 
 
-def _harmony_encoding(config: Config, base_dir: Path):  # type: ignore[no-untyped-def]
+def _harmony_encoding(config: Config, base_dir: Path) -> HarmonyEncoding:
     """Load the harmony encoding at start-up, so a missing vocabulary fails now, not at the first request."""
     import os
 
@@ -200,12 +204,12 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     if isinstance(store, SQLiteStore):  # commit on the loop only while no worker call is out
         store.quiet = lambda: not any(w.in_flight for p in pools.values() for w in p.workers)
     encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
-    routes = {
+    model_routes = {
         cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect, ChatOptions(**cfg.chat.model_dump()),
                              encoding if cfg.dialect == "harmony" else None)
         for cfg in config.pools
     }
-    targets = {m.name: ModelTarget.from_config(m, routes, affinity={c.name for c in config.pools if c.policy == "affinity"})
+    targets = {m.name: ModelTarget.from_config(m, model_routes, affinity={c.name for c in config.pools if c.policy == "affinity"})
                for m in config.models}
     metrics = RouterMetrics()
     metrics.watch_pools(lambda: pools.values())

@@ -9,11 +9,15 @@ import logging
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from router.config import STOP_MARGIN_S, ConfigError, load_config
+from router.config import STOP_MARGIN_S, Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,7 +71,15 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _server_class(grace_s: float, stop_timeout_s: float, on_stop: Any):  # type: ignore[no-untyped-def]
+class _StoppingServer(Protocol):
+    """What ``_serve`` needs of the server class ``_server_class`` makes."""
+
+    deadline: float | None
+
+    async def serve(self) -> None: ...
+
+
+def _server_class(grace_s: float, stop_timeout_s: float, on_stop: Any) -> Callable[[uvicorn.Config], _StoppingServer]:
     import uvicorn
 
     from router.turns.runner import STOPPING
@@ -100,7 +112,7 @@ def _server_class(grace_s: float, stop_timeout_s: float, on_stop: Any):  # type:
                 task.cancel(msg=STOPPING)
 
         @contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def,override]
+        def capture_signals(self) -> Iterator[None]:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.handle_exit, sig, None)
@@ -135,16 +147,16 @@ def settle_heap() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def _run(coro: object) -> None:
+def _run(coro: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
 
-        uvloop.run(coro)  # type: ignore[arg-type]
+        uvloop.run(coro)
     except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
+        asyncio.run(coro)
 
 
-async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+async def _serve(config: Config, base_dir: Path, host: str, port: int) -> None:
     import uvicorn
 
     from backends.launcher import LaunchError
@@ -178,7 +190,8 @@ async def _serve(config, base_dir: Path, host: str, port: int) -> None:  # type:
                 router.app, host=host, port=port, http=RouterHttpProtocol.with_limits(limits), ws=RouterWebSocketProtocol, lifespan="off",
                 access_log=False,
                 proxy_headers=False,
-                log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,
+                # uvicorn annotates int, but the value is asyncio.wait_for's timeout: a float is what it takes
+                log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,  # type: ignore[arg-type]
             )
         )
         log.info("serving models %s on http://%s:%d/v1 (at most %d connections)",

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "CONTENT_TYPE",
@@ -76,7 +76,7 @@ def _label_text(names: Sequence[str], values: Sequence[object], extra: str = "")
 
 
 def _check_name(name: str) -> None:
-    ok = bool(name) and not name[0].isdigit() and all(c.isalnum() and c.isascii() or c in "_:" for c in name)
+    ok = bool(name) and not name[0].isdigit() and all((c.isalnum() and c.isascii()) or c in "_:" for c in name)
     if not ok:
         raise ValueError(f"invalid metric name {name!r}")
 
@@ -240,35 +240,38 @@ class Histogram(_Metric):
             yield self.name + "_count", _label_text(names, labels), cumulative
 
 
+_MetricT = TypeVar("_MetricT", bound="_Metric")
+
+
 class Registry:
     """Holds metric families in registration order and renders them."""
 
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
 
-    def register(self, metric: Any) -> Any:
+    def register(self, metric: _MetricT) -> _MetricT:
         if metric.name in self._metrics:
             raise ValueError(f"metric {metric.name!r} is already registered")
         self._metrics[metric.name] = metric
         return metric
 
     def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        return self.register(Counter(name, help, labelnames))  # type: ignore[no-any-return]
+        return self.register(Counter(name, help, labelnames))
 
     def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
-        return self.register(Gauge(name, help, labelnames))  # type: ignore[no-any-return]
+        return self.register(Gauge(name, help, labelnames))
 
     def gauge_func(self, name: str, help: str, labelnames: Sequence[str],
                    fn: Callable[[], Iterable[tuple[Labels, float]]]) -> GaugeFunc:
-        return self.register(GaugeFunc(name, help, labelnames, fn))  # type: ignore[no-any-return]
+        return self.register(GaugeFunc(name, help, labelnames, fn))
 
     def histogram(self, name: str, help: str, labelnames: Sequence[str], buckets: Sequence[float]) -> Histogram:
-        return self.register(Histogram(name, help, labelnames, buckets))  # type: ignore[no-any-return]
+        return self.register(Histogram(name, help, labelnames, buckets))
 
     def get(self, name: str) -> _Metric | None:
         return self._metrics.get(name)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[_Metric]:
         return iter(list(self._metrics.values()))
 
     def render(self) -> bytes:

@@ -134,7 +134,7 @@ HARMONY_SPECIALS = {
     200018: "<|endofprompt|>",
 }
 OSS_VOCAB = 201088
-O200K_PATTERN = "|".join([  # noqa: FLY002 - one alternative a line, as tiktoken writes it
+O200K_PATTERN = "|".join([  # one alternative a line, as tiktoken writes it
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""\p{N}{1,3}""",

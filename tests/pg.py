@@ -54,7 +54,7 @@ def redacted(dsn: str) -> str:
 async def _admin(dsn: str, statement: str) -> None:
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         pytest.fail(
             f"PostgreSQL is not reachable at {redacted(dsn)} ({type(exc).__name__}: {exc}). These tests need a real "
             f"server: start one (.ci/run does) or point {ENV} at one.",

@@ -207,7 +207,7 @@ def test_a_checkpoint_is_what_a_cancel_now_would_keep_and_changes_nothing(batche
     """``checkpoint`` (a running stream's stored output) gives the output ``cancel`` would leave at
     that moment, and the run goes on exactly as without it."""
     batches = fix_call_fragments(batches)
-    events, response = run(batches)
+    _events, response = run(batches)
     asm = fresh()
     asm.start()
     for batch in batches:

@@ -15,6 +15,7 @@ import zlib
 import httpx
 import orjson
 import pytest
+import zstandard  # a runtime dependency
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,8 +26,6 @@ from router.api.http import content_encodings, decode_body, error_response, read
 from router.protocol.errors import APIError
 from tests.conftest import MODEL
 from tests.procs import RouterProcess
-
-import zstandard  # noqa: E402 - a runtime dependency
 
 LIMIT = 64 * 1024
 BODY = orjson.dumps({"model": "m", "input": [{"role": "user", "content": "words " * 2000}]})

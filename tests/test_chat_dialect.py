@@ -107,7 +107,10 @@ def test_tool_choice_forms() -> None:
     assert err.value.param == "tools[0].type"
 
 
-def turn(options: ChatOptions = ChatOptions()) -> ChatTurn:
+DEFAULT_OPTIONS = ChatOptions()
+
+
+def turn(options: ChatOptions = DEFAULT_OPTIONS) -> ChatTurn:
     return ChatTurn(CreateResponse(model="m", input="x"), build_toolset([], "auto"), options, model="m", path="/v1/chat/completions")
 
 

@@ -11,8 +11,8 @@ import platform
 import shutil
 import signal
 import socket
-import struct
 import sqlite3
+import struct
 import tempfile
 import uuid
 import zlib

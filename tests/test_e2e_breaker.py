@@ -108,7 +108,7 @@ def test_a_crash_under_twenty_streams_does_not_shut_the_restarted_worker_out(tmp
                             if types[-1] == "response.output_text.delta" and "started" not in types:
                                 types.append("started")
                                 started.release()
-            except BaseException as exc:  # reported by the main thread
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 errors.append(exc)
                 started.release()
             endings.append([t for t in types if t != "started"][-2:])

@@ -245,7 +245,7 @@ def test_a_schema_that_is_not_json_is_a_400(harmony_router: RouterProcess, oss: 
     boundary, as on every pool (router/api/http.py)."""
     anchor = oss.responses.create(model="oss-vllm", input="before [sim:tokens=3]")
     for stream in ("false", "true"):
-        body = ('{"model":"oss-vllm","input":"hi","stream":%s,"previous_response_id":"%s","tools":[{"type":"function",'
+        body = ('{"model":"oss-vllm","input":"hi","stream":%s,"previous_response_id":"%s","tools":[{"type":"function",'  # noqa: UP031 - JSON's braces
                 '"name":"f","parameters":{"type":"object","properties":{"x":{"type":"number","default":NaN}}}}]}'
                 % (stream, anchor.id))
         resp = httpx.post(harmony_router.base_url + "/v1/responses", content=body,

@@ -66,7 +66,7 @@ def test_weighted_arms_are_sticky_and_workers_affine(ab: RouterProcess) -> None:
         assert headers["x-router-pool"] == arm
         if i % 10 == 0:  # continuations stay on their arm, and on their worker in the affinity pool
             second, again = create(client, input="more", previous_response_id=first.id)
-            third, last = create(client, input="more", previous_response_id=second.id)
+            _third, last = create(client, input="more", previous_response_id=second.id)
             assert again["x-router-arm"] == last["x-router-arm"] == arm
             if arm == "a":
                 assert again["x-router-worker"] == headers["x-router-worker"] == last["x-router-worker"]

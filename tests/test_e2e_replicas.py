@@ -131,7 +131,7 @@ def test_a_dead_replicas_stream_fails(tmp_path: Path, pg_dsn: str) -> None:  # n
     try:
         stream = sdk(doomed).responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", stream=True)
         rid = next(e for e in stream if e.type == "response.created").response.id
-        running = wait_for(sdk(survivor), rid, {"in_progress"})
+        wait_for(sdk(survivor), rid, {"in_progress"})
         time.sleep(1.5)  # past one lease: the doomed replica renews it while it lives
         assert sdk(survivor).responses.retrieve(rid).status == "in_progress"
         os.kill(doomed.proc.pid, signal.SIGKILL)

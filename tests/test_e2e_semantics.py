@@ -191,7 +191,7 @@ def test_reasoning_items_with_summary(client: openai.OpenAI) -> None:
 
 def test_think_tags_and_reasoning_given_back(client: openai.OpenAI) -> None:
     first = client.responses.create(model=THINK_MODEL, input="ponder [sim:think=5] [sim:tokens=3]")
-    reasoning, message = first.output
+    reasoning, _message = first.output
     assert reasoning.type == "reasoning" and len(reasoning.content[0].text.split()) == 5
     assert "<think>" not in first.output_text and len(first.output_text.split()) == 3
     second = client.responses.create(model=THINK_MODEL, input="again [sim:echo]", previous_response_id=first.id)

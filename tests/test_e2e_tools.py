@@ -15,8 +15,8 @@ import pytest
 from tests import mcp_servers
 from tests.fake_search import FakeSearch
 from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
-from tests.test_e2e_harmony import harmony_pool
 from tests.streamrules import check_stream
+from tests.test_e2e_harmony import harmony_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -406,7 +406,8 @@ def test_no_backend_means_not_offered(tmp_path: Path) -> None:
     router = start_router(tmp_path, sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n')
     try:
         c = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0)
-        response = c.responses.create(model=MODEL, input="[sim:echo=request]", tools=[{"type": "web_search"}, {"type": "code_interpreter", "container": "auto"}])
+        response = c.responses.create(model=MODEL, input="[sim:echo=request]",
+                                      tools=[{"type": "web_search"}, {"type": "code_interpreter", "container": "auto"}])
         assert response.status == "completed" and "tools" not in json.loads(response.output_text)
         with pytest.raises(openai.BadRequestError) as err:
             c.responses.create(model=MODEL, input="x", tools=[{"type": "mcp", "server_label": "s", "server_url": "http://127.0.0.1:1/mcp"}])

@@ -132,7 +132,7 @@ def play(enc: HarmonyEncoding, reads: list[bytes], fast: bool, engine: str = "vl
 
         out.append(asm.start())
         for data in reads:
-            result = outcome(lambda: translate(data))
+            result = outcome(lambda: translate(data))  # noqa: B023 - called at once
             out.append((result[0], result[1][0]) if result[0] == "ok" else result)
             if result[0] != "ok" or result[1][1] is not None:
                 out.append(("error frame", result[1][1]) if result[0] == "ok" else None)

@@ -14,7 +14,6 @@ from openai_harmony import Conversation, HarmonyEncoding, Role
 from router.dialects import harmony_render
 from router.dialects.harmony import prompt_messages, prompt_specs, render_prompt
 
-
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
@@ -36,7 +35,7 @@ def _turn(kind: str, words: str, n: int) -> list[dict[str, Any]]:
         return [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": words}]}]
     if kind == "call":
         call_id = f"call_{n}"
-        return [{"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city":"%s"}' % n},
+        return [{"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city":"%s"}' % n},  # noqa: UP031 - JSON's braces
                 {"type": "function_call_output", "call_id": call_id, "output": words}]
     if kind == "search":
         return [{"type": "web_search_call", "id": f"ws_{n}", "status": "completed",

@@ -296,7 +296,7 @@ def test_allowlist_allows(url: str) -> None:
         "https://mcp.example.com.evil.com/mcp/",  # suffix tricks
         "https://evilmcp.example.com/mcp/",
         "https://%6dcp.example.com/mcp/",  # percent-encoded host
-        "https://mcp.exаmple.com/mcp/",  # Cyrillic a: a different (punycode) host
+        "https://mcp.exаmple.com/mcp/",  # noqa: RUF001 - Cyrillic a: a different (punycode) host
         "http://127.0.0.1:80/",  # default port is not the allowed one
         "http://127.0.0.1/",
         "http://127.1:8931/",  # numeric spellings of 127.0.0.1

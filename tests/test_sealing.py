@@ -140,7 +140,7 @@ def test_config_keys_and_keys_env(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="SEAL_KEYS"):
         cfg.sealing.resolved_keys()
     monkeypatch.setenv("SEAL_KEYS", "short")
-    with pytest.raises(ConfigError, match="sealing.keys_env"):
+    with pytest.raises(ConfigError, match=r"sealing\.keys_env"):
         cfg.sealing.resolved_keys()
 
 
@@ -149,7 +149,7 @@ def test_config_refuses_bad_keys() -> None:
         parse_config('[sealing]\nkeys = ["c2hvcnQ="]\n' + POOLS)
     with pytest.raises(ConfigError, match="at most one"):
         parse_config(f'[sealing]\nkeys = ["{new_key_text()}"]\nkeys_env = "X"\n' + POOLS)
-    with pytest.raises(ConfigError, match="sealing.nope: unknown key"):
+    with pytest.raises(ConfigError, match=r"sealing\.nope: unknown key"):
         parse_config('[sealing]\nnope = 1\n' + POOLS)
     assert SealingConfig().keys == []
 

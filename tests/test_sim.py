@@ -38,12 +38,12 @@ def test_pure_helpers():
 # ---------------------------------------------------------------- vLLM shapes
 
 
-def test_ready_line_and_health(vllm):
+def test_ready_line_and_health(vllm):  # noqa: F811
     assert vllm.ready_line == f"sim worker ready on http://127.0.0.1:{vllm.port}"
     assert vllm.request("GET", "/health")[::2] == (200, b"")
 
 
-def test_models(vllm):
+def test_models(vllm):  # noqa: F811
     status, _, payload = vllm.request("GET", "/v1/models")
     body = json.loads(payload)
     assert status == 200 and body["object"] == "list"
@@ -54,7 +54,7 @@ def test_models(vllm):
     assert [m.id for m in vllm.client().models.list()] == [MODEL]
 
 
-def test_non_stream_shape_and_determinism(vllm):
+def test_non_stream_shape_and_determinism(vllm):  # noqa: F811
     messages = [{"role": "system", "content": "you are terse"}, *user("hello there world")]
     status, body = vllm.chat({"messages": messages, "temperature": 0.3, "seed": 7,
                               "tools": [], "top_p": 0.9})
@@ -82,7 +82,7 @@ def test_non_stream_shape_and_determinism(vllm):
     assert other.choices[0].message.content != msg["content"]
 
 
-def test_stream_with_usage_matches_non_stream(vllm):
+def test_stream_with_usage_matches_non_stream(vllm):  # noqa: F811
     messages = user("tell me a story [sim:tokens=7]")
     full = vllm.client().chat.completions.create(model=MODEL, messages=messages)
     chunks = list(vllm.client().chat.completions.create(
@@ -108,7 +108,7 @@ def test_stream_with_usage_matches_non_stream(vllm):
     assert datas[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_max_tokens_cuts_with_length(vllm):
+def test_max_tokens_cuts_with_length(vllm):  # noqa: F811
     client = vllm.client()
     full = client.chat.completions.create(model=MODEL, messages=user("cut me"))
     cut = client.chat.completions.create(model=MODEL, messages=user("cut me"), max_tokens=3)
@@ -120,7 +120,7 @@ def test_max_tokens_cuts_with_length(vllm):
     assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) == 1 + 2 + 1
 
 
-def test_tokens_marker(vllm):
+def test_tokens_marker(vllm):  # noqa: F811
     client = vllm.client()
     five = client.chat.completions.create(model=MODEL, messages=user("[sim:tokens=5] hi"))
     assert len(five.choices[0].message.content.split(" ")) == 5
@@ -134,7 +134,7 @@ def test_tokens_marker(vllm):
         == 12
 
 
-def test_status_marker(vllm):
+def test_status_marker(vllm):  # noqa: F811
     status, body = vllm.chat({"messages": user("boom [sim:status=500]")})
     assert status == 500
     assert body == {"error": {"message": "simulated failure", "type": "InternalServerError",
@@ -144,7 +144,7 @@ def test_status_marker(vllm):
     assert exc.value.status_code == 429 and "simulated failure" in str(exc.value)
 
 
-def test_drop_after(vllm):
+def test_drop_after(vllm):  # noqa: F811
     client = vllm.client()
     got = []
     with pytest.raises(openai.APIConnectionError):
@@ -162,7 +162,7 @@ def test_drop_after(vllm):
             "model": MODEL, "stream": True, "messages": user("[sim:drop_after=1]")})
 
 
-def test_echo(vllm):
+def test_echo(vllm):  # noqa: F811
     messages = [{"role": "system", "content": "sys"},
                 {"role": "user", "content": [{"type": "text", "text": "echo [sim:echo] é"}]}]
     out = vllm.client().chat.completions.create(model=MODEL, messages=messages)
@@ -177,7 +177,7 @@ def test_echo(vllm):
     assert cut.choices[0].finish_reason == "length"
 
 
-def test_errors_vllm(vllm):
+def test_errors_vllm(vllm):  # noqa: F811
     status, body = vllm.chat({"model": "nope", "messages": user("hi")})
     assert status == 404
     assert body == {"error": {"message": "The model `nope` does not exist.",
@@ -198,7 +198,7 @@ def test_errors_vllm(vllm):
     assert status == 400 and "maximum context length" in body["error"]["message"]
 
 
-def test_metrics_and_slot_release(vllm):
+def test_metrics_and_slot_release(vllm):  # noqa: F811
     client = vllm.client()
     before = vllm.metrics()
     client.chat.completions.create(model=MODEL, messages=user("[sim:tokens=4] count me"))
@@ -228,7 +228,7 @@ def test_metrics_and_slot_release(vllm):
     assert m["vllm:generation_tokens_total"] - gen0 < 300
 
 
-def test_ttft_marker_delays_answer(vllm):
+def test_ttft_marker_delays_answer(vllm):  # noqa: F811
     t0 = time.monotonic()
     vllm.client().chat.completions.create(model=MODEL, messages=user("[sim:ttft_ms=250]"))
     assert time.monotonic() - t0 >= 0.25
@@ -237,7 +237,7 @@ def test_ttft_marker_delays_answer(vllm):
 # ---------------------------------------------------------------- SGLang shapes
 
 
-def test_sglang_shapes(sglang):
+def test_sglang_shapes(sglang):  # noqa: F811
     status, _, payload = sglang.request("GET", "/v1/models")
     assert status == 200 and json.loads(payload)["data"][0]["owned_by"] == "sglang"
 
@@ -269,7 +269,7 @@ def test_sglang_shapes(sglang):
     assert cut.choices[0].model_extra["matched_stop"] is None
 
 
-def test_sglang_errors_and_metrics(sglang):
+def test_sglang_errors_and_metrics(sglang):  # noqa: F811
     status, body = sglang.chat({"model": "other", "messages": user("hi")})
     assert status == 400
     assert body == {"object": "error", "message": "The model `other` does not exist.",

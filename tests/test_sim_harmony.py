@@ -165,8 +165,8 @@ def wire(engine: str) -> str:
 
 
 def test_function_args_reads_the_rendered_tool_types(enc):
-    text = [m for m in enc.parse_messages_from_completion_tokens(
-        prompt(enc, "hi")[:-2], role=None) if m.author.role == Role.DEVELOPER][0].content[0].text
+    text = next(m for m in enc.parse_messages_from_completion_tokens(
+        prompt(enc, "hi")[:-2], role=None) if m.author.role == Role.DEVELOPER).content[0].text
     assert function_args(text) == {"get_weather": {"location": "sim", "unit": "c"}, "noargs": {}}
 
 

@@ -17,8 +17,14 @@ import pytest
 from backends.engines import kv_cache_usage, waiting_requests
 from backends.pools import KV_LOAD_WEIGHT, Worker
 from backends.sim import SimConfig, SimWorker, Stats, render_metrics
-from backends.sim_cache import (Prefill, PrefixCache, block_hashes, cache_metric_lines, chat_token_ids,
-                                reply_ids)
+from backends.sim_cache import (
+    Prefill,
+    PrefixCache,
+    block_hashes,
+    cache_metric_lines,
+    chat_token_ids,
+    reply_ids,
+)
 from backends.sim_script import count_prompt_tokens
 from policies.balance import LeastLoad
 from tests.procs import RouterProcess, sim_pool_toml, start_router
@@ -306,7 +312,7 @@ def test_a_continuation_hits_the_prefix_cache_of_its_worker(affine: RouterProces
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_harmony_sim_caches_the_real_prompt_ids(engine: str, vocab_dir: Path, enc) -> None:  # type: ignore[no-untyped-def]
+def test_the_harmony_sim_caches_the_real_prompt_ids(engine: str, vocab_dir: Path, enc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     sim = _sim(vocab_dir, "--engine", engine, "--kv-cache-blocks", "64")
     try:
         ids = harmony_prompt(enc, "what is a pool [sim:tokens=3]")

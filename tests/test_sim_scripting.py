@@ -11,9 +11,19 @@ import openai
 import pytest
 
 from backends.sim import VOCAB, count_prompt_tokens
-from backends.sim_script import (FRAGMENT_CHARS, REFUSAL_TEXT, SimError, Step, chop, cut_steps,
-                                 read_options, schema_instance, token_logprob)
+from backends.sim_script import (
+    FRAGMENT_CHARS,
+    REFUSAL_TEXT,
+    SimError,
+    Step,
+    chop,
+    cut_steps,
+    read_options,
+    schema_instance,
+    token_logprob,
+)
 from tests.sim_proc import MODEL, Sim, sglang, user, vllm  # noqa: F401 - vllm, sglang: fixtures
+
 
 def conforms(value: object, schema: dict, root: dict | None = None) -> bool:
     """A tiny JSON-schema check (jsonschema is not a dependency): the keywords
@@ -257,7 +267,7 @@ def test_parallel_tool_calls(engine):
         chunks = engine.stream({"messages": messages, "tools": TOOLS})
         order = [(tc["index"], tc["function"].get("name") is not None)
                  for d in deltas(chunks) for tc in d.get("tool_calls") or []]
-        first = [i for i, (idx, _) in enumerate(order) if idx == 1][0]
+        first = next(i for i, (idx, _) in enumerate(order) if idx == 1)
         assert order[0] == (0, True) and order[first] == (1, True)
         assert all(idx == 0 for idx, _ in order[:first]) and all(idx == 1 for idx, _ in
                                                                  order[first:])
@@ -371,7 +381,7 @@ def test_reasoning_field_option():
         msg = sim.chat({"messages": user("[sim:reason=2] [sim:tokens=1]")})[1]["choices"][0][
             "message"]
         assert len(msg["reasoning_content"].split()) == 2 and "reasoning" not in msg
-        status, _, raw = sim.request("POST", "/v1/chat/completions", {
+        _status, _, raw = sim.request("POST", "/v1/chat/completions", {
             "messages": user("[sim:reason=2] [sim:tokens=1]"), "stream": True})
         assert raw.decode().count('"reasoning_content":') == 2 and '"reasoning":' not in \
             raw.decode()
@@ -514,5 +524,5 @@ def test_continuous_usage_and_extras(engine):
     plain = engine.stream({"messages": user("[sim:tokens=2]"),
                            "stream_options": {"continuous_usage_stats": True}})
     assert all("usage" not in c for c in plain)  # only together with include_usage
-    status, out = engine.chat({"messages": user("x"), "chat_template_kwargs": ["no"]})
+    status, _out = engine.chat({"messages": user("x"), "chat_template_kwargs": ["no"]})
     assert status == 400

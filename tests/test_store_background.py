@@ -17,8 +17,8 @@ import pytest
 
 import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
-from router.state import postgres_background, sqlite_background
 from router.protocol.replay import output_of
+from router.state import postgres_background, sqlite_background
 from router.state.store import Conversation, ResponseDeleted, ResponseInProgress
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp

@@ -15,7 +15,6 @@ import pytest
 
 import router.state.postgres as postgres_mod
 import router.state.sqlite as sqlite_mod
-
 from router.state.store import Conversation
 from tests import store_fixtures
 from tests.store_fixtures import NOW, Backend, Postgres, SQLite, ids, msg, resp

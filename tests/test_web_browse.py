@@ -105,7 +105,7 @@ def _call(name: str, arguments: dict[str, Any]) -> tuple[Assembler, RouterCallIt
 
 
 def test_open_page_by_number_gets_its_url_when_it_ran() -> None:
-    asm, call, events = _call(OPEN_PAGE, {"url": "and", "result": 1})
+    _asm, call, events = _call(OPEN_PAGE, {"url": "and", "result": 1})
     assert call.item["type"] == "web_search_call" and call.item["action"] == {"type": "open_page", "url": None}
     call.finish(events, output="https://a.example/1", sources=[{"type": "url", "url": "https://a.example/1"}])
     assert call.item["status"] == "completed"

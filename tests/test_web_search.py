@@ -127,7 +127,7 @@ def test_private_result_refused_by_default(fake: FakeSearch) -> None:
         await b.search("fish", max_results=10)
         await b.open_page(fake.base + "/page/1")
 
-    with pytest.raises(UrlNotAllowed, match="127.0.0.1, a loopback address"):
+    with pytest.raises(UrlNotAllowed, match=r"127\.0\.0\.1, a loopback address"):
         asyncio.run(main())
 
 

@@ -12,7 +12,6 @@ from backends.client import WorkerClient, WorkerHTTPError, WorkerStreamBroken, W
 from tests.procs import free_port
 
 
-
 class Server:
     """An aiohttp server that tells how many TCP connections its requests came on."""
 

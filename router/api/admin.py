@@ -10,11 +10,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.pools import Pool, Worker
-from router.api.http import json_response, read_body
+from router.api.http import Body, json_response, read_body
 from router.protocol.errors import APIError, InvalidRequest, NotFound, Unauthorized
 from router.turns.routing import ModelTarget
 from router.turns.shadow import stats as shadow_stats
@@ -41,7 +40,7 @@ class AdminAPI:
         if not hmac.compare_digest(token.encode(), self.admin_key.encode()):
             raise Unauthorized("Incorrect admin key.", code="invalid_admin_key")
 
-    async def list_pools(self, request: Request) -> Response:
+    async def list_pools(self, request: Request) -> Body:
         self._check(request)
         models = []
         for target in self.models.values():
@@ -50,7 +49,7 @@ class AdminAPI:
             models.append(entry)
         return json_response({"pools": [p.describe() for p in self.pools.values()], "models": models})
 
-    async def add_worker(self, request: Request) -> Response:
+    async def add_worker(self, request: Request) -> Body:
         self._check(request)
         pool = self._pool(request)
         url = await _url(request)
@@ -61,7 +60,7 @@ class AdminAPI:
         await pool.check_health()  # routable as soon as it answers
         return json_response(pool.describe())
 
-    async def remove_worker(self, request: Request) -> Response:
+    async def remove_worker(self, request: Request) -> Body:
         self._check(request)
         pool = self._pool(request)
         url = request.query_params.get("url", "").rstrip("/")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 from router.protocol.errors import Unauthorized
 
@@ -20,7 +20,8 @@ class Authenticator:
         """
         self._keys = digests
 
-    def owner(self, request: Request) -> str:
+    def owner(self, request: HTTPConnection) -> str:
+        """The owner of an HTTP request or a WebSocket handshake (only the headers are read)."""
         return self.owner_of(request.scope["headers"])
 
     def owner_of(self, headers: list[tuple[bytes, bytes]]) -> str:

@@ -7,11 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from router.api.auth import Authenticator
-from router.api.http import int_param, json_response, list_page, order_param, parse_model, read_body
+from router.api.http import Body, int_param, json_response, list_page, order_param, parse_model, read_body
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import new_id
 from router.protocol.items import CALLS, OUTPUTS, normalize_item
@@ -36,8 +35,8 @@ class AddItems(BaseModel):
 
 
 class ConversationsAPI:
-    def __init__(self, *, store: Any, auth: Authenticator, max_body_bytes: int) -> None:
-        self.store: ConversationStore = store
+    def __init__(self, *, store: ConversationStore, auth: Authenticator, max_body_bytes: int) -> None:
+        self.store = store
         self.auth = auth
         self.max_body_bytes = max_body_bytes
 
@@ -53,7 +52,7 @@ class ConversationsAPI:
             Route("/v1/conversations/{conversation_id}/items/{item_id}", self.delete_item, methods=["DELETE"]),
         ]
 
-    async def create(self, request: Request) -> Response:
+    async def create(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         body = parse_model(CreateConversation, await read_body(request, self.max_body_bytes) or b"{}")
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items or [])]
@@ -65,11 +64,11 @@ class ConversationsAPI:
         await self.store.create_conversation(conversation, items)
         return json_response(_shape(conversation))
 
-    async def retrieve(self, request: Request) -> Response:
+    async def retrieve(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         return json_response(_shape(await self._get(request, owner)))
 
-    async def update(self, request: Request) -> Response:
+    async def update(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         body = parse_model(UpdateConversation, await read_body(request, self.max_body_bytes))
         conversation = await self.store.update_conversation(request.path_params["conversation_id"], owner, body.metadata or {})
@@ -77,14 +76,14 @@ class ConversationsAPI:
             raise _not_found(request.path_params["conversation_id"])
         return json_response(_shape(conversation))
 
-    async def delete(self, request: Request) -> Response:
+    async def delete(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid = request.path_params["conversation_id"]
         if not await self.store.delete_conversation(cid, owner):
             raise _not_found(cid)
         return json_response({"id": cid, "object": "conversation.deleted", "deleted": True})
 
-    async def list_items(self, request: Request) -> Response:
+    async def list_items(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid = request.path_params["conversation_id"]
         query = request.query_params
@@ -100,7 +99,7 @@ class ConversationsAPI:
             raise _not_found(cid)
         return json_response(list_page(page))
 
-    async def add_items(self, request: Request) -> Response:
+    async def add_items(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid = request.path_params["conversation_id"]
         body = parse_model(AddItems, await read_body(request, self.max_body_bytes))
@@ -116,7 +115,7 @@ class ConversationsAPI:
         return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
                               "has_more": False})
 
-    async def get_item(self, request: Request) -> Response:
+    async def get_item(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
         item = await self.store.get_conversation_item(cid, owner, item_id)
@@ -125,7 +124,7 @@ class ConversationsAPI:
             raise NotFound(f"Item with id '{item_id}' not found.", param="item_id", code="item_not_found")
         return json_response(item)
 
-    async def delete_item(self, request: Request) -> Response:
+    async def delete_item(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
         conversation = await self._get(request, owner)

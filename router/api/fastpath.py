@@ -49,7 +49,7 @@ async def answer(route: HotRoute, path: str, headers: Headers, body: bytes) -> B
         return await route.handler(headers, body)
     except APIError as exc:
         return error_body(exc)
-    except Exception:  # noqa: BLE001 - the same answer the app's error handler gives
+    except Exception:  # the same answer the app's error handler gives
         log.exception("unhandled error on POST %s", path)
         return error_body(internal_error())
 

@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from backends.pools import Pool
 from router.api.auth import Authenticator
-from router.api.http import json_response
+from router.api.http import Body, json_response
 from router.metrics import CONTENT_TYPE
 from router.protocol.errors import NotFound, Unauthorized
 from router.state.store import Store, StoreUnavailable
@@ -46,18 +46,18 @@ class MetaAPI:
             raise Unauthorized("Incorrect admin key.", code="invalid_admin_key")
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def list_models(self, request: Request) -> Response:
+    async def list_models(self, request: Request) -> Body:
         self.auth.owner(request)
         return json_response({"object": "list", "data": [_model(name) for name in self.models]})
 
-    async def retrieve_model(self, request: Request) -> Response:
+    async def retrieve_model(self, request: Request) -> Body:
         self.auth.owner(request)
         name = request.path_params["model"]  # a path: model names often hold a slash (org/model)
         if name not in self.models:
             raise NotFound(f"The model '{name}' does not exist.", param="model", code="model_not_found")
         return json_response(_model(name))
 
-    async def health(self, request: Request) -> Response:
+    async def health(self, request: Request) -> Body:
         """200 while every pool can serve; 503 when some pool has no available worker (healthy, and
         its circuit not open: five failed calls in a row shut a worker off for a while).
 

@@ -10,8 +10,17 @@ from starlette.routing import Route
 
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
-from router.api.http import (Body, Headers, decode_request, int_param, json_response, list_page, order_param,
-                             parse_model, read_raw)
+from router.api.http import (
+    Body,
+    Headers,
+    decode_request,
+    int_param,
+    json_response,
+    list_page,
+    order_param,
+    parse_model,
+    read_raw,
+)
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.requests import CreateResponse, check_include

@@ -207,7 +207,8 @@ class RouterHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self.guard.phase(self) != "head":  # after an idle keep-alive: the head's term starts with its first byte
             self.guard.expect(self, "head", self.loop)
-        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer}  # type: ignore[typeddict-unknown-key]
+        # ASGI types an extension's value as a dict; the router's own extension is its writer
+        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer}  # type: ignore[dict-item]
 
     def on_headers_complete(self) -> None:
         self.guard.expect(self, "body", self.loop)
@@ -228,7 +229,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         scope["raw_path"] = self.root_path.encode("ascii") + self.url
         scope["query_string"] = b""
         cycle = HotCycle(self, route, self.cycle, keep_alive=http_version != "1.0" and parser.should_keep_alive())
-        self.cycle = cycle  # type: ignore[assignment]
+        self.cycle = cycle
         if declared_length(self.headers) > route.max_body_bytes:
             cycle.too_large = True  # answered now; whatever body follows is read and dropped
             self._start_hot(cycle)
@@ -325,10 +326,11 @@ class HotCycle(RequestResponseCycle):
         """The handler's answer: a Body written here, a stream run through uvicorn's cycle."""
         try:
             if self.too_large:
-                response: Any = refused_body(too_large(self.route.max_body_bytes), self.scope["headers"])
+                # uvicorn types scope["headers"] as an iterable; its httptools protocol makes it a list
+                response: Any = refused_body(too_large(self.route.max_body_bytes), self.scope["headers"])  # type: ignore[arg-type]
             else:
                 body, self.body = bytes(self.body), bytearray()
-                response = await answer(self.route, self.scope["path"], self.scope["headers"], body)
+                response = await answer(self.route, self.scope["path"], self.scope["headers"], body)  # type: ignore[arg-type]
             if type(response) is not Body:
                 self.message_event.set()  # the stream's first receive(): the (already read, empty) body
                 await super().run_asgi(response)
@@ -350,8 +352,8 @@ class HotCycle(RequestResponseCycle):
             return
         self.response_started = True
         parts = [STATUS_LINE[response.status_code]]
-        for name, value in self.default_headers:  # date and server, as uvicorn sends them
-            parts += (name, b": ", value, b"\r\n")
+        for name, raw in self.default_headers:  # date and server, as uvicorn sends them
+            parts += (name, b": ", raw, b"\r\n")
         parts += (b"content-type: ", response.content_type.encode("latin-1"), b"\r\ncontent-length: ",
                   b"%d" % len(response.body), b"\r\n")
         for key, value in (response.headers or {}).items():
@@ -404,7 +406,7 @@ _NEEDED = {
     RequestResponseCycle: ("run_asgi", "send", "receive"),
     WebSocketsSansIOProtocol: ("send",),
 }
-_NEEDED_STATE = {
+_NEEDED_STATE: dict[type[Any], tuple[str, ...]] = {
     HttpToolsProtocol: ("self.pipeline", "self.timeout_keep_alive_task", "self.limit_concurrency", "self.connections",
                         "self.server_state", "self.expect_100_continue", "self.cycle"),
     RequestResponseCycle: ("self.response_started", "self.response_complete", "self.chunked_encoding",

@@ -94,7 +94,7 @@ class ResponsesWebSocket:
 
     async def endpoint(self, ws: WebSocket) -> None:
         try:
-            owner = self.auth.owner(ws)  # type: ignore[arg-type]  # only the headers are read
+            owner = self.auth.owner(ws)
         except APIError as exc:
             await _refuse(ws, exc)
             return
@@ -181,7 +181,7 @@ class CachedStore:
         return items
 
     async def load_conversation_with_end(self, conversation_id: str, owner: str) -> tuple[list[Item], int] | None:
-        loaded = await self._store.load_conversation_with_end(conversation_id, owner)  # type: ignore[attr-defined]
+        loaded = await self._store.load_conversation_with_end(conversation_id, owner)
         if loaded is not None:
             self.base = _frozen(loaded[0])
         return loaded
@@ -348,7 +348,7 @@ class _Connection:
         try:
             req, generate = _parse_create(frame)
             extra = {"sealer": api.sealer} if api.sealer is not None else {}
-            run = await prepare(req, self.owner, store=view, models=api.models, ttl_s=api.ttl_s,  # type: ignore[arg-type]
+            run = await prepare(req, self.owner, store=view, models=api.models, ttl_s=api.ttl_s,
                                 router_tools=api.router_tools, metrics=api.metrics, **extra)
             if generate:
                 maybe_mirror(api.models[req.model], run)
@@ -366,7 +366,7 @@ class _Connection:
                     for event in batch:
                         await self._send_event(event, sid)
             finally:
-                await events.aclose()  # type: ignore[attr-defined]  # an async generator: closed at once, even when cancelled
+                await events.aclose()  # an async generator: closed at once, even when cancelled
         self._remember(run, view)
 
     async def _prepared_only(self, run: ResponseRun, sid: str | None) -> None:

@@ -153,7 +153,7 @@ def _tool_call(item: Item) -> dict[str, Any]:
 
 
 def _text(parts: list[Item]) -> str:
-    return "".join(p.get("text") if "text" in p else p.get("refusal", "") for p in parts)
+    return "".join(p["text"] if "text" in p else p.get("refusal", "") for p in parts)
 
 
 def _user_content(parts: list[Item], options: ChatOptions) -> str | list[dict[str, Any]]:
@@ -174,7 +174,7 @@ def _chat_part(part: Item, options: ChatOptions) -> dict[str, Any]:
     if kind == "input_image":
         return {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail", "auto")}}
     if kind == "input_file" and options.accepts_files:
-        file = {k: part[k] for k in ("file_data", "filename") if k in part}
+        file: dict[str, Any] = {k: part[k] for k in ("file_data", "filename") if k in part}
         if "file_url" in part:
             file["file_url"] = part["file_url"]
         return {"type": "file", "file": file}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Hashable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from openai_harmony import (
@@ -122,7 +122,7 @@ def prompt_specs(
     own ``browser`` / ``python`` namespaces for the system message).
     """
     effort = _EFFORT.get((reasoning_effort or "medium").lower(), ReasoningEffort.MEDIUM)
-    date = current_date or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    date = current_date or datetime.now(UTC).strftime("%Y-%m-%d")
     folded = [instructions] if instructions else []
     folded += [message_text(it) for it in items if it.get("type") == "message" and it.get("role") in ("system", "developer")]
     functions = [(t["name"], t.get("description") or "", t.get("parameters")) for t in tools or () if t.get("type") == "function"]

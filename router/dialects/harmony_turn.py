@@ -30,7 +30,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 
 
-class FrameDeltas(list):  # type: ignore[type-arg]
+class FrameDeltas(list[Delta]):
     """One frame's deltas, made at decode time (``HarmonyTurn.decode``); ``chunk`` hands them back."""
 
     __slots__ = ()
@@ -140,7 +140,7 @@ class HarmonyTurn:
     def chunk(self, payload: Any) -> list[Delta]:
         kind = type(payload)
         if kind is FrameDeltas:
-            return payload  # type: ignore[no-any-return]
+            return payload
         if kind is str:
             return [TextDelta(payload)]
         if kind is ReasoningText:

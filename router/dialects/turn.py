@@ -15,9 +15,12 @@ from router.protocol.items import Item
 
 class DialectTurn(Protocol):
     path: str  # the worker endpoint to POST to
-    # How the stream's payloads are decoded, when the dialect knows a cheaper way than JSON for
-    # some of them (None: JSON). A plain text chunk may then come to ``chunk`` as its text, a str.
-    decode: Callable[[bytes], Any] | None
+
+    @property
+    def decode(self) -> Callable[[bytes], Any] | None:
+        """How the stream's payloads are decoded, when the dialect knows a cheaper way than JSON for
+        some of them (None: JSON). A plain text chunk may then come to ``chunk`` as its text, a str.
+        Read-only: an attribute (ChatTurn) or a method (HarmonyTurn) both give it."""
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         """The worker's request body for one model turn over ``items``."""

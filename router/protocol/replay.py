@@ -37,7 +37,7 @@ def output_of(events: list[Event]) -> list[Item]:
     done: set[int] = set()
     for event in events:
         kind = event.get("type")
-        index = event.get("output_index")
+        index: Any = event.get("output_index")  # the logged JSON: an int on the events that carry one
         if kind == "response.output_item.added" or kind == "response.output_item.done":
             output[index] = copy.deepcopy(event["item"])
             if kind == "response.output_item.done":

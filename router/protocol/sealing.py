@@ -20,11 +20,11 @@ here, low in the layers, so ``router/turns`` can call it).
 from __future__ import annotations
 
 import base64
-import time
 import binascii
 import hashlib
 import logging
 import os
+import time
 from typing import Any
 
 import orjson

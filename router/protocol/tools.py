@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from router.protocol.errors import InvalidRequest
 
@@ -66,9 +66,12 @@ class OfferedTool:
     config: dict[str, Any] | None = None  # the request's tool object (container, search settings, ...)
 
 
+ChoiceMode = Literal["none", "auto", "required"]
+
+
 @dataclass(slots=True)
 class ToolChoice:
-    mode: Literal["none", "auto", "required"] = "auto"
+    mode: ChoiceMode = "auto"
     forced: str | None = None  # an engine name the model must call
 
 
@@ -244,7 +247,7 @@ def _choice(choice: str | dict[str, Any], toolset: ToolSet) -> ToolChoice:
             raise InvalidRequest("tool_choice must be none, auto, required or an object", param="tool_choice")
         if choice == "required" and not toolset.offered:
             raise InvalidRequest("tool_choice 'required' needs at least one function or custom tool", param="tool_choice")
-        return ToolChoice(mode=choice)  # type: ignore[arg-type]
+        return ToolChoice(mode=cast(ChoiceMode, choice))  # checked just above
     kind = choice.get("type")
     if not isinstance(kind, str):
         raise InvalidRequest("tool_choice.type must be a string", param="tool_choice.type")

@@ -39,8 +39,8 @@ import orjson
 from router.protocol.ids import response_prefix
 from router.state.common import UNFINISHED, check_page, item_id
 from router.state.sqlite_background import SQLiteBackground
-from router.state.sqlite_puts import decode_body, decode_items, forget_items, put_many, put_one, transaction
 from router.state.sqlite_conversations import SQLiteConversations
+from router.state.sqlite_puts import decode_body, decode_items, forget_items, put_many, put_one, transaction
 from router.state.sqlite_schema import MIGRATIONS
 from router.state.store import Item, ItemPage, Order, ResponseInProgress, StoredResponse
 
@@ -283,7 +283,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                 batch, self._pending = self._pending, []
                 try:
                     errors = await self._run(put_many, [r for r, _ in batch])
-                except BaseException as exc:  # the transaction itself failed: every put of it did
+                except BaseException as exc:  # noqa: BLE001 - the transaction itself failed: every put of it did
                     errors = [exc] * len(batch)
                 for (_, future), error in zip(batch, errors):
                     if future.done():

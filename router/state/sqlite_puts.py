@@ -132,12 +132,12 @@ def _row_chunks(rows: list[Any], width: int) -> list[list[Any]]:
     return chunks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _insert_responses(n: int) -> str:
     return f"INSERT INTO responses ({_COLUMNS}) VALUES {', '.join([_VALUES] * n)} ON CONFLICT(id) DO NOTHING"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _insert_ids(n: int) -> str:
     return "INSERT OR IGNORE INTO item_ids (item_id, response_id) VALUES " + ", ".join(["(?, ?)"] * n)
 
@@ -153,7 +153,7 @@ def put_many(conn: sqlite3.Connection, batch: list[StoredResponse]) -> list[Base
             return [None] * len(batch)
         except _NotAllNew:
             try:
-                transaction(conn, lambda: [_put_statements(conn, r) for r in batch])
+                transaction(conn, lambda: _put_each(conn, batch))
                 return [None] * len(batch)
             except Exception:  # noqa: BLE001 - redone one by one below, where the error is kept
                 pass
@@ -192,6 +192,11 @@ def _put_group(conn: sqlite3.Connection, batch: list[StoredResponse]) -> None:
 
 def put_one(conn: sqlite3.Connection, r: StoredResponse) -> None:
     transaction(conn, lambda: _put_statements(conn, r))
+
+
+def _put_each(conn: sqlite3.Connection, batch: list[StoredResponse]) -> None:
+    for r in batch:
+        _put_statements(conn, r)
 
 
 def _put_statements(conn: sqlite3.Connection, r: StoredResponse) -> None:

@@ -110,7 +110,9 @@ class ItemPage:
     has_more: bool
 
 
-class Store(Protocol):
+class ResponseStore(Protocol):
+    """Responses: each with its input and output items, chained by ``previous_response_id``."""
+
     async def open(self) -> None:
         """Create or migrate the schema if needed; called once at start-up. Idempotent."""
 
@@ -271,3 +273,8 @@ class BackgroundStore(Protocol):
         their ids. Safe to run on every replica at once: each response is failed (and returned) by
         one of them only. Never retried: a database it cannot reach raises StoreUnavailable at once
         (the sweep runs again soon, and must first give the holders a lease to renew theirs)."""
+
+
+class Store(ResponseStore, ConversationStore, BackgroundStore, Protocol):
+    """The whole contract: what SQLiteStore and PostgresStore implement (``make_store`` returns one,
+    so the type checker holds both to it) and what the router is handed."""

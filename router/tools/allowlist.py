@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
-from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
 from router.tools.netguard import AddressNotAllowed, NetGuard
@@ -228,7 +228,7 @@ class GuardedBackend(_BackendBase):
         self,
         host: str,
         port: int,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore2's AsyncNetworkBackend signature
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> Any:
@@ -246,7 +246,7 @@ class GuardedBackend(_BackendBase):
                 failure = exc
         raise failure
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:  # noqa: ASYNC109
         raise httpcore2.ConnectError("unix sockets are not reachable from router-side tools")
 
     async def sleep(self, seconds: float) -> None:
@@ -261,7 +261,7 @@ def guarded_transport(guard: NetGuard) -> Any:
     """
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     if not isinstance(getattr(transport, "_pool", None), httpcore2.AsyncConnectionPool):
-        raise RuntimeError("httpx2.AsyncHTTPTransport has no connection pool to guard")
+        raise RuntimeError("httpx2.AsyncHTTPTransport has no connection pool to guard")  # noqa: TRY004 - httpx2 changed
     limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20)
     transport._pool = httpcore2.AsyncConnectionPool(
         ssl_context=httpx2.create_ssl_context(trust_env=False),

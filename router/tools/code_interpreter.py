@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
 import hashlib
 import os
 import platform
@@ -65,7 +64,6 @@ import stat
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +194,8 @@ class CodeInterpreter:
         # on the host needs to be open to it: the root stays the router's alone.
         self._drop = os.geteuid() == 0
         found = _sandbox_python()
+        self.python: str | None
+        self._prefixes: list[str]
         self.python, self._prefixes = found if found is not None else (None, [])
         self.root.chmod(0o700)
         self._cgroups = sandbox.RunCgroups.find() if self._drop else None  # None: rlimits only

@@ -147,7 +147,7 @@ class NetGuard:
         """
         ip = _literal(host)
         if ip is not None:
-            addresses = [(socket.AF_INET if ip.version == 4 else socket.AF_INET6, str(ip))]
+            addresses: list[tuple[int, str]] = [(socket.AF_INET if ip.version == 4 else socket.AF_INET6, str(ip))]
         else:
             addresses = await self.lookup(host, port, family)
             if not addresses:

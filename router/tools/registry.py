@@ -11,7 +11,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from router.config import ToolsConfig
 from router.protocol.errors import InvalidRequest
@@ -93,7 +93,7 @@ class RouterTools:
         except UrlNotAllowed:
             raise InvalidRequest(f"mcp server_url {url!r} is not allowed by this router's configuration",
                                  param=f"{where}.server_url", code="mcp_server_not_allowed") from None
-        transport = "sse" if url.rstrip("/").endswith("/sse") else "streamable_http"
+        transport: Literal["streamable_http", "sse"] = "sse" if url.rstrip("/").endswith("/sse") else "streamable_http"
         return MCPServer(label, url, transport, headers)
 
     async def list_mcp(self, server: MCPServer) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:

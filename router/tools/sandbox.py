@@ -298,11 +298,11 @@ class RunCgroups:
     @classmethod
     def find(cls) -> RunCgroups | None:
         try:
-            own = {}  # hierarchy controllers -> path, from /proc/self/cgroup
+            own: dict[str, str] = {}  # hierarchy controllers -> path, from /proc/self/cgroup
             for line in Path("/proc/self/cgroup").read_text().splitlines():
                 _, controllers, path = line.split(":", 2)
                 own[controllers] = path
-            mounts = {}  # fstype and super options -> mount point (mount root "/" only)
+            mounts: dict[str, str] = {}  # fstype and super options -> mount point (mount root "/" only)
             for line in Path("/proc/self/mountinfo").read_text().splitlines():
                 left, right = line.split(" - ", 1)
                 fields, (fstype, _, opts) = left.split(), right.split()[:3]
@@ -315,10 +315,10 @@ class RunCgroups:
             candidates.append(cls({"": mounts[""] + own[""].rstrip("/")}, True))
         v1 = {}
         for controller in ("memory", "pids"):
-            opts = next((o for o in mounts if o and controller in o.split(",")), None)
-            path = next((p for c, p in own.items() if controller in c.split(",")), None)
-            if opts is not None and path is not None:
-                v1[controller] = mounts[opts] + path.rstrip("/")
+            mount_opts = next((o for o in mounts if o and controller in o.split(",")), None)
+            own_path = next((p for c, p in own.items() if controller in c.split(",")), None)
+            if mount_opts is not None and own_path is not None:
+                v1[controller] = mounts[mount_opts] + own_path.rstrip("/")
         if len(v1) == 2:
             candidates.append(cls(v1, False))
         for found in candidates:

@@ -90,9 +90,11 @@ def program(machine: str) -> bytes | None:
         nr = SYSCALLS[name][column]
         if nr is not None:
             ins(_JEQ, nr, "eperm", 0)
-    ins(_JEQ, SYSCALLS["clone3"][column], "enosys", 0)
-    ins(_JEQ, SYSCALLS["personality"][column], "personality", 0)
-    ins(_JEQ, SYSCALLS["clone"][column], 0, "allow")
+    clone3, personality, clone = (SYSCALLS[name][column] for name in ("clone3", "personality", "clone"))
+    assert clone3 is not None and personality is not None and clone is not None  # on both architectures
+    ins(_JEQ, clone3, "enosys", 0)
+    ins(_JEQ, personality, "personality", 0)
+    ins(_JEQ, clone, 0, "allow")
     ins(_LD_W_ABS, _ARG0)  # clone's flags
     ins(_JSET, CLONE_NEW_FLAGS, "eperm", "allow")
     labels = {"personality": len(code)}

@@ -13,15 +13,14 @@ order; stable item ids; the full ``output`` in the terminal event.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
 from router.protocol.errors import APIError
-from router.protocol.shapes import response_error, usage_object
-from router.protocol.tools import ToolSet
 from router.protocol.ids import ItemIds, new_id
-from router.protocol.tools import ROUTER_KINDS
+from router.protocol.shapes import response_error, usage_object
+from router.protocol.tools import ROUTER_KINDS, ToolSet
 from router.turns.items import CallItem, MessageItem, ReasoningItem, copy_item
 from router.turns.tool_items import ApprovalRequestItem, ListToolsItem, RouterCallItem
 

@@ -15,13 +15,13 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from router.protocol.errors import APIError, InvalidRequest, NotFound
 from router.protocol.replay import output_of
 from router.protocol.shapes import response_error
-from router.state.store import BackgroundStore, ResponseDeleted, StoreUnavailable
+from router.state.store import BackgroundStore, ResponseDeleted, Store, StoreUnavailable
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.background")
@@ -43,9 +43,9 @@ FLUSH_S = 0.05
 class BackgroundRuns:
     """The background responses this replica runs, and the loops that keep them honest."""
 
-    def __init__(self, store: Any, *, lease_s: float = 30.0, poll_s: float = 0.25, max_events: int = 100_000,
+    def __init__(self, store: Store, *, lease_s: float = 30.0, poll_s: float = 0.25, max_events: int = 100_000,
                  sweep_all_at_start: bool = False) -> None:
-        self.store: BackgroundStore = store
+        self.store = store
         self.holder = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -90,13 +90,13 @@ class BackgroundRuns:
         self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
         return dict(run.response)
 
-    def stream(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
+    def stream(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
         """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
         ``in_progress`` as it starts (router/turns/runner.py), and if this replica dies the sweep marks
         it failed, as it does a background response."""
         return self._leased(run) if run.req.store else run.events()
 
-    async def _leased(self, run: ResponseRun) -> AsyncIterator[list[Event]]:
+    async def _leased(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
         rid = run.response["id"]
         run.lease_holder = self.holder
         run.lease_s = self.lease_s
@@ -128,7 +128,7 @@ class BackgroundRuns:
                 await run.checkpoint()
             except ResponseDeleted:
                 return
-            except Exception:  # noqa: BLE001 - a missed checkpoint only means an older one stands
+            except Exception:  # a missed checkpoint only means an older one stands
                 log.debug("checkpoint of %s failed", run.response["id"], exc_info=True)
 
     async def _run(self, run: ResponseRun) -> None:
@@ -171,7 +171,7 @@ class BackgroundRuns:
             await log_.add(await run.failed(STOPPED))
         except (ResponseDeleted, StoreUnavailable):
             raise
-        except Exception as exc:  # noqa: BLE001 - a background task must always end recorded
+        except Exception as exc:  # a background task must always end recorded
             log.exception("background response %s crashed", run.response["id"])
             await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
 
@@ -197,8 +197,8 @@ class BackgroundRuns:
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:  # another replica runs it: it stops at its next poll
             await asyncio.sleep(self.poll_s / 5)
-            body = await self.store.get_response(rid, owner)
-            if body is None or body.get("status") in FINISHED:
+            stored = await self.store.get_response(rid, owner)
+            if stored is None or stored.get("status") in FINISHED:
                 return
 
     def deleted(self, rid: str) -> None:
@@ -235,7 +235,7 @@ class BackgroundRuns:
 
     # -- replay ----------------------------------------------------------------
 
-    async def replay(self, rid: str, owner: str, after: int) -> AsyncIterator[list[Event]]:
+    async def replay(self, rid: str, owner: str, after: int) -> AsyncGenerator[list[Event], None]:
         """The event log from ``after`` on, then live events until the terminal one."""
         finished_at: float | None = None
         while True:
@@ -248,7 +248,7 @@ class BackgroundRuns:
                 if events[-1]["type"] in TERMINAL:
                     return
                 continue
-            body = await self.store.get_response(rid, owner)  # type: ignore[attr-defined]
+            body = await self.store.get_response(rid, owner)
             if body is None:
                 return
             if body.get("status") in FINISHED:
@@ -290,14 +290,14 @@ class BackgroundRuns:
                 # No lease could be renewed while the store was unreachable: none is judged until it
                 # has answered for a lease since (a ping starts the count), so their holders renew them.
                 if self.store.reachable_s() < self.lease_s:
-                    await self.store.ping()  # type: ignore[attr-defined]
+                    await self.store.ping()
                     continue
                 failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
                 if failed:
                     log.warning("marked abandoned background responses failed: %s", ", ".join(failed))
             except StoreUnavailable:  # the store's own log lines say so
                 pass
-            except Exception:  # noqa: BLE001 - keep renewing whatever one round did
+            except Exception:  # keep renewing whatever one round did
                 log.exception("lease round failed")
 
     async def _cancel_loop(self) -> None:
@@ -310,7 +310,7 @@ class BackgroundRuns:
                     self._cancel_local(rid)
             except StoreUnavailable:  # the store's own log lines say so
                 pass
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("cancel poll failed")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.items import CALLS, OUTPUTS, Item
 from router.state.store import ResponseInProgress, Store
@@ -36,7 +38,7 @@ def resolve_input(history: list[Item], input_items: list[Item], stored: dict[str
     previous response's output along with ``previous_response_id``, say).
     """
     in_history = {item.get("id") for item in history}
-    known = {**(stored or {}), **{item.get("id"): item for item in history}}
+    known: dict[Any, Item] = {**(stored or {}), **{item.get("id"): item for item in history}}
     seen = set(in_history)
     out: list[Item] = []
     for i, item in enumerate(input_items):

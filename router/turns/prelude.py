@@ -43,12 +43,12 @@ class Prelude:
         prompt = list(prompt)
         for request, approved in self.approvals:
             if approved:
-                server = self.servers.get(request["server_label"])
-                if server is None:
+                approved_server = self.servers.get(request["server_label"])
+                if approved_server is None:
                     raise InvalidRequest(f"the approved call's server {request['server_label']!r} is not in tools",
                                          param="tools", code="mcp_server_missing")
                 arguments = _arguments(request["arguments"])
-                outcome = await self.tools.run("mcp", request["name"], arguments, server=server)
+                outcome = await self.tools.run("mcp", request["name"], arguments, server=approved_server)
                 self._ran.append((request, outcome))
                 text = outcome.prompt_text
             else:

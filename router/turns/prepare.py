@@ -38,7 +38,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     if conversation_id is not None:
         if req.previous_response_id is not None:
             raise InvalidRequest("Use either conversation or previous_response_id, not both.", param="conversation")
-        loaded = await store.load_conversation_with_end(conversation_id, owner)  # type: ignore[attr-defined]
+        loaded = await store.load_conversation_with_end(conversation_id, owner)
         if loaded is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                            code="conversation_not_found")

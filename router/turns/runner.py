@@ -15,23 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from backends.errors import WorkerAnswerTooLarge, WorkerTimedOut
+from router.dialects.deltas import ReasoningText, Usage
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, NoCapacity, UpstreamError
 from router.protocol.ids import ItemIds
 from router.protocol.items import Item
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import CreateResponse, compact_threshold
+from router.protocol.sealing import expand_compactions, seal_compaction
 from router.protocol.tools import ToolSet
 from router.state.store import ResponseDeleted, Store, StoredResponse, StoreUnavailable
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
-from router.dialects.deltas import ReasoningText, Usage
-from router.protocol.requests import compact_threshold
-from router.protocol.sealing import expand_compactions, seal_compaction
 from router.turns.assembler import Assembler, Event
 from router.turns.compaction import count_tokens, summarize
 from router.turns.prelude import Prelude
@@ -166,7 +165,7 @@ class ResponseRun:
         except APIError as exc:
             raise await self._failed(exc) from None
 
-    async def events(self, *, background: bool = False) -> AsyncIterator[list[Event]]:
+    async def events(self, *, background: bool = False) -> AsyncGenerator[list[Event], None]:
         """Batches of events; one batch per upstream read."""
         asm = self._assembler
         try:
@@ -272,7 +271,7 @@ class ResponseRun:
         self.prompt_items = expand_compactions([*items[:keep + 1], *items[keep + 1:], self._compaction], self.sealer,
                                                self.owner, first_input=len(items) + 1)
 
-    async def _read_turn(self) -> AsyncIterator[list[Event]]:
+    async def _read_turn(self) -> AsyncGenerator[list[Event], None]:
         """One model turn's stream -> event batches; closes the turn.
 
         With ``direct`` (a streaming HTTP answer), each upstream read becomes
@@ -411,7 +410,7 @@ class ResponseRun:
                 self._timer.error(error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
         if self.conversation_id is not None and status in ("completed", "incomplete"):
-            await self.store.add_conversation_items(  # type: ignore[attr-defined]
+            await self.store.add_conversation_items(
                 self.conversation_id, self.owner, self.input_items + response["output"]
             )
         if not self.req.store or not write:
@@ -485,7 +484,7 @@ class ResponseRun:
             await self._put({**self.response, "output": []})
         except StoreUnavailable as exc:
             return exc
-        except Exception:  # noqa: BLE001 - the stream goes on; its last put stores it
+        except Exception:  # the stream goes on; its last put stores it
             log.warning("could not store streamed response %s as it started", self.response["id"], exc_info=True)
         return None
 

@@ -8,16 +8,21 @@ has run it and calls ``finish``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from router.turns.items import Event, OpenItem, Sink, copy_item
 
+if TYPE_CHECKING:
+    from router.protocol.tools import OfferedTool
+
 _PREFIX = {"mcp": "mcp", "web_search": "ws", "code_interpreter": "ci"}
 
 
 class RouterCallItem(OpenItem):
+    tool: OfferedTool  # the tool it calls, set by the assembler as it makes the item
+
     def __init__(self, sink: Sink, index: int, kind: str, name: str, server_label: str | None, container: str | None) -> None:
         self.kind = kind
         self.item_name = name  # for web_search: search, open_page or find
@@ -128,6 +133,8 @@ def _is_url(value: Any) -> bool:
 
 class ApprovalRequestItem(OpenItem):
     """An MCP call the client must approve: it ends the response; the next request answers it."""
+
+    tool: OfferedTool  # the tool it would call, set by the assembler as it makes the item
 
     def __init__(self, sink: Sink, index: int, name: str, server_label: str | None) -> None:
         super().__init__(sink, index, {"id": sink.ids("mcpr"), "type": "mcp_approval_request", "server_label": server_label,

@@ -55,7 +55,7 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
     try:
         while True:
             try:
-                method, path, body = await _read_request(reader)  # type: ignore[misc]
+                _method, path, body = await _read_request(reader)  # type: ignore[misc]
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
             if path == "/health":
