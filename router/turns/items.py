@@ -261,17 +261,16 @@ class CallItem(OpenItem):
         self._done(events, status)
 
     def abandon(self) -> None:
-        arguments = "".join(self._chunks)
-        if self._custom:
-            self.item["input"] = _custom_input(arguments)
-        else:
-            self.item["arguments"] = arguments
+        # A custom call's input streams only once it is whole (it is unwrapped from the function's
+        # {"input": ...}): cut off, it keeps none, as its events (and a replay of them) show it.
+        if not self._custom:
+            self.item["arguments"] = "".join(self._chunks)
         super().abandon()
 
     def snapshot(self) -> dict[str, Any]:
         copy = super().snapshot()
-        arguments = "".join(self._chunks)
-        copy["input" if self._custom else "arguments"] = _custom_input(arguments) if self._custom else arguments
+        if not self._custom:
+            copy["arguments"] = "".join(self._chunks)
         return copy
 
 
