@@ -24,22 +24,21 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from router.api.auth import Authenticator
-from router.api.http import json_response, parse_model, read_body
-from router.protocol.ids import new_id
+from router.api.http import Body, json_response, parse_model, read_body
 from router.protocol.errors import NotFound
+from router.protocol.ids import new_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
 from router.state.store import Store
 from router.tools.registry import RouterTools
+from router.turns.compaction import count_tokens, summarize
 from router.turns.prepare import prepare
 from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
-from router.turns.compaction import count_tokens, summarize
 
 __all__ = ["CompactRequest", "CompactionAPI", "expand_compactions"]
 
@@ -86,7 +85,7 @@ class CompactionAPI:
 
     # -- compact -----------------------------------------------------------------------
 
-    async def compact(self, request: Request) -> Response:
+    async def compact(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         body = parse_model(CompactRequest, await read_body(request, self.max_body_bytes))
         req = CreateResponse.model_validate({
@@ -128,7 +127,7 @@ class CompactionAPI:
                            code="previous_response_not_found")
         return orjson.dumps({**fields, "model": stored.get("model")})
 
-    async def input_tokens(self, request: Request) -> Response:
+    async def input_tokens(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         body = await self._with_model(await read_body(request, self.max_body_bytes), owner)
         req = parse_model(CreateResponse, body)

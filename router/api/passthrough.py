@@ -9,9 +9,8 @@ goes back as it came.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
+from typing import Any
 
 import orjson
 from starlette.requests import Request

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
@@ -39,7 +40,7 @@ def maybe_mirror(target: ModelTarget, run: ResponseRun) -> None:
     task.add_done_callback(_tasks.discard)
 
 
-def replace_response(run: ResponseRun) -> dict:  # type: ignore[type-arg]
+def replace_response(run: ResponseRun) -> dict[str, Any]:
     response = dict(run.response)
     response["output"] = []
     response["id"] = response["id"] + "_shadow"

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError, WorkerStreamBroken, WorkerUnavailable
-from backends.errors import WorkerAnswerTooLarge, WorkerRequestFailed
 from backends.engines import is_context_overflow
+from backends.errors import WorkerAnswerTooLarge, WorkerRequestFailed
 from backends.pools import NoHealthyWorker, Pool, Worker
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
@@ -55,8 +55,9 @@ class Upstream:
             body = turn.request(items, stream=stream)
             try:
                 if stream:
-                    return await self._send(lambda url: client.open_sse(url, body), turn.path, release=False), items
-                return await self._send(lambda url: client.post_json(url, body), turn.path, release=True), items
+                    # The lambdas are awaited within this iteration: the loop's body is theirs (B023).
+                    return await self._send(lambda url: client.open_sse(url, body), turn.path, release=False), items  # noqa: B023
+                return await self._send(lambda url: client.post_json(url, body), turn.path, release=True), items  # noqa: B023
             except WorkerHTTPError as exc:
                 if exc.status == 404 and getattr(turn, "fallback", None) is not None and turn.fallback():  # type: ignore[attr-defined]
                     log.warning("pool %s: no token-level generate endpoint, using %s", self.pool.name, turn.path)
