@@ -128,7 +128,10 @@ def path(encoding: Any = None, cut: bool = True) -> SimpleNamespace:
     from router.protocol.shapes import response_object
     from router.protocol.tools import build_toolset
     from router.turns.assembler import Assembler
-    from router.turns.runner import reader
+    try:
+        from router.turns.reader import reader
+    except ImportError:  # revisions before it had its own module
+        from router.turns.runner import reader  # type: ignore[attr-defined,no-redef]
 
     socket = Socket()
     flow = SimpleNamespace(write_paused=False)

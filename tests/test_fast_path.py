@@ -27,7 +27,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.turns.assembler import Assembler
-from router.turns.runner import reader
+from router.turns.reader import reader
 from tests.test_assembler import deltas as assembler_deltas
 from tests.test_assembler import fix_call_fragments
 

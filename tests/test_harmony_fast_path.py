@@ -27,7 +27,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.turns.assembler import Assembler
-from router.turns.runner import reader
+from router.turns.reader import reader
 from tests.test_fast_path import Timer, as_sent, counted_ids, outcome
 from tests.test_harmony_parse import stream as harmony_stream
 from tests.test_harmony_parse import token_ids
