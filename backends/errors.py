@@ -9,6 +9,15 @@ class WorkerError(Exception):
     """Base of everything a worker call can fail with."""
 
 
+class NoHealthyWorker(Exception):
+    """No worker can take a call now. ``code`` says why: ``no_healthy_worker`` (none passes its
+    health checks) or ``circuit_open`` (healthy ones exist, but every one's circuit is open)."""
+
+    def __init__(self, message: str, code: str = "no_healthy_worker") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class WorkerUnavailable(WorkerError):
     """No connection at all (refused, connect timeout): nothing was sent, safe to retry elsewhere."""
 

@@ -1,8 +1,10 @@
-"""Pools of workers: health, in-flight counts, circuits, picking a worker.
+"""Pools of workers: health, circuits, picking a worker.
 
 A pool owns one WorkerClient (one aiohttp session) and a health loop. The
 choice among healthy workers is delegated to a policy from ``policies``; each
 worker's circuit breaker (backends/breaker.py) decides whether it takes calls.
+A call to a worker goes through ``Pool.call`` (backends/calls.py), which counts
+it in flight, retries and releases it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from typing import Any
 import orjson
 
 from backends.breaker import CIRCUIT_FAILURES, Breaker
+from backends.calls import WorkerCall
 from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
+from backends.errors import NoHealthyWorker
 from policies.balance import Balancer
+
+__all__ = ["NoHealthyWorker", "Pool", "Worker"]
 
 log = logging.getLogger("router.pools")
 
@@ -37,6 +43,9 @@ class Worker:
     kv_usage: float = 0.0  # the engine's KV cache usage, 0..1, when its metrics are scraped
     process: Any = None  # the launcher's ManagedWorker, for managed pools
     breaker: Breaker = field(default_factory=Breaker)  # failed calls through the worker's fault
+    # Paths it answered 404/405/501 (an endpoint its engine build lacks, e.g. vLLM's /tokenize); forgotten
+    # when it comes back after being seen down (it may have been upgraded).
+    lacks: set[str] = field(default_factory=set)
 
     @property
     def circuit(self) -> str:
@@ -70,15 +79,6 @@ class Worker:
 KV_LOAD_WEIGHT = 0.5
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_MARK_DOWN = 3
-
-
-class NoHealthyWorker(Exception):
-    """No worker can take a call now. ``code`` says why: ``no_healthy_worker`` (none passes its
-    health checks) or ``circuit_open`` (healthy ones exist, but every one's circuit is open)."""
-
-    def __init__(self, message: str, code: str = "no_healthy_worker") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(eq=False)
@@ -161,17 +161,12 @@ class Pool:
             self.affinity_moves[choice.why] = self.affinity_moves.get(choice.why, 0) + 1
         return choice.candidate
 
-    def acquire(self, worker: Worker) -> int:
-        """A call goes to ``worker`` (just picked); its ticket for ``record_*`` and ``release``."""
-        worker.in_flight += 1
-        return worker.breaker.admit(time.monotonic())
-
-    def release(self, worker: Worker, ticket: int, *, served: bool = True) -> None:
-        """The call is over (its outcome recorded or not: a half-open trial without one frees its slot)."""
-        worker.in_flight -= 1
-        if served:
-            worker.served += 1
-        worker.breaker.done(ticket)
+    def call(self, *, preferred: str | None = None, prefix_key: str | None = None, exclude: Sequence[Worker] = (),
+             relayed: bool = False) -> WorkerCall:
+        """A worker call: picks, counts in flight, sends, classifies, retries, releases
+        (backends/calls.py). Every call made for a client goes through one (health checks and
+        scrapes, which take no worker's capacity, do not)."""
+        return WorkerCall(self, preferred=preferred, prefix_key=prefix_key, exclude=exclude, relayed=relayed)
 
     def record_success(self, worker: Worker, ticket: int) -> None:
         if worker.breaker.success(ticket, time.monotonic()):
@@ -215,6 +210,7 @@ class Pool:
                     log.info("pool %s: worker %s is back: circuit half-open", self.name, worker.url)
             if not worker.healthy:
                 log.info("pool %s: worker %s healthy", self.name, worker.url)
+                worker.lacks.clear()
             worker.healthy = True
             worker.last_error = None
             worker.health_failures = 0

@@ -211,3 +211,24 @@ def test_backpressure_goes_elsewhere_without_blame(tmp_path: Path, good_sim: str
             assert client.responses.create(model="m", input=f"hi {i}").status == "completed"
         assert busy.calls >= 3
         assert worker_state(router, busy.port)["circuit"] == "closed"  # 429 is not the worker's fault
+
+
+def test_the_passthrough_relays_a_5xx_as_it_came_and_counts_it_neither_way(tmp_path: Path, good_sim: str) -> None:
+    """The passthrough cannot read its body's meaning: a 5xx goes back as the worker sent it, after
+    one call, and moves no circuit (the Responses turn would retry it and blame by the next outcome)."""
+    with pool_of(tmp_path, 500, good_sim) as (bad, router, _):
+        statuses = []
+        for i in range(6):
+            request = urllib.request.Request(router.base_url + "/v1/chat/completions", method="POST",
+                                             data=json.dumps({"model": "m", "messages": [
+                                                 {"role": "user", "content": f"hi {i}"}]}).encode(),
+                                             headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request) as resp:
+                    statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+                assert json.loads(exc.read())["error"]["message"] == "simulated"  # the worker's own body
+        assert sorted(set(statuses)) == [200, 500] and bad.calls == statuses.count(500)
+        state = worker_state(router, bad.port)
+        assert state["circuit"] == "closed" and state["in_flight"] == 0

@@ -1,29 +1,35 @@
 """``/v1/chat/completions`` and ``/v1/completions``: relayed to a worker of the model's pool.
 
 The body is parsed only to find and rewrite ``model``; the answer, streamed
-or not, goes back byte for byte. A worker that cannot be reached, or that
-closes the connection before its answer begins, is skipped for the next one
-(a 502 when none is left); an answer that began, an error status included,
-goes back as it came.
+or not, goes back byte for byte. The pool's worker call (backends/calls.py)
+picks the worker and skips, for the next one, a worker that cannot be reached
+or that closes the connection before its answer's head, as for a Responses
+turn (a 502 when none is left). An answer, an error status included, goes
+back as it came: a 5xx relayed counts neither for nor against the worker. A
+whole answer that breaks off after its head is a 502, counted against the
+worker; a stream that does just ends, cut, as the worker cut it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.routing import Route
 
-from backends.client import WorkerStreamBroken, WorkerUnavailable
-from backends.pools import NoHealthyWorker, Pool, Worker
+from backends.calls import WorkerCall
+from backends.client import WorkerError
+from backends.errors import NoHealthyWorker
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
 from router.api.http import Body, Headers, decode_request, read_raw
 from router.api.sse import StreamBody
-from router.protocol.errors import InvalidRequest, NoCapacity, NotFound, UpstreamError
+from router.protocol.errors import InvalidRequest, NotFound
 from router.turns.routing import ModelTarget
+from router.turns.upstream import api_error, no_capacity
 
 
 class PassthroughAPI:
@@ -66,50 +72,51 @@ class PassthroughAPI:
         body["model"] = pool.model
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
-        tried: list[Worker] = []
-        broke: WorkerStreamBroken | None = None
-        while True:
-            try:
-                worker = pool.pick(exclude=tried)
-            except NoHealthyWorker as exc:
-                if broke is not None:
-                    raise UpstreamError(f"the worker failed: {broke}", code="upstream_error") from None
-                raise NoCapacity(f"no worker can serve model '{target.name}' now: {exc}", code=exc.code) from None
-            tried.append(worker)
-            ticket = pool.acquire(worker)
-            try:
-                answer = await pool.client.relay(worker.url + path, data)
-            except WorkerUnavailable as exc:
-                pool.release(worker, ticket, served=False)
-                pool.mark_down(worker, str(exc))
-                continue
-            except WorkerStreamBroken as exc:  # closed or reset before its answer began: the next worker
-                pool.release(worker, ticket, served=False)
-                pool.record_failure(worker, str(exc), ticket)
-                broke = exc
-                continue
-            except BaseException:
-                pool.release(worker, ticket, served=False)
-                raise
-            if answer.status < 500:
-                pool.record_success(worker, ticket)
-            break
-        if not body.get("stream"):
-            try:
-                raw = await answer.read()
-            finally:
-                pool.release(worker, ticket)
-            return Body(raw, answer.status, answer.content_type)
-        return StreamBody(_counted(answer.chunks(), pool, worker, ticket), status=answer.status,
-                          media_type=answer.content_type)
+        call = pool.call(relayed=True)
+        try:
+            answer = await call.send(pool.client.relay, path, data, hold=True)
+        except NoHealthyWorker as exc:
+            raise no_capacity(target.name, exc) from None
+        except WorkerError as exc:  # what relay can raise: unreachable or broken, on every worker tried
+            raise api_error(exc) from None
+        if body.get("stream"):
+            return StreamBody(_Relayed(answer.chunks(), call), status=answer.status, media_type=answer.content_type)
+        try:
+            raw = await answer.read()
+        except WorkerError as exc:  # its head came, its body broke off: the worker's failure, too late to retry
+            call.broke(str(exc))
+            raise api_error(exc) from None
+        finally:
+            call.release()
+        return Body(raw, answer.status, answer.content_type)
 
 
-async def _counted(chunks: Any, pool: Pool, worker: Worker, ticket: int) -> Any:
+class _Relayed:
+    """A relayed stream's chunks; the worker stays counted until they end or the answer is closed,
+    whether or not it was ever iterated (an unstarted async generator's ``finally`` never runs)."""
+
+    __slots__ = ("_chunks", "_call")
+
+    def __init__(self, chunks: AsyncIterator[bytes], call: WorkerCall) -> None:
+        self._chunks = _counted(chunks, call)
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks  # each chunk straight from the generator: nothing added per chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._call.release()
+
+
+async def _counted(chunks: AsyncIterator[bytes], call: WorkerCall) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
             yield chunk
     finally:
-        pool.release(worker, ticket)
+        call.release()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

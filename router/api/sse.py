@@ -10,7 +10,7 @@ for the client's disconnect with one task per stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -55,7 +55,7 @@ class StreamBody:
     It gets None when the answer ends.
     """
 
-    def __init__(self, source: AsyncIterator[Any], *, encode: Callable[[Any], bytes] | None = None, tail: bytes = b"",
+    def __init__(self, source: AsyncIterable[Any], *, encode: Callable[[Any], bytes] | None = None, tail: bytes = b"",
                  status: int = 200, media_type: str = "text/event-stream", headers: dict[str, str] | None = None,
                  attach: Attach | None = None) -> None:
         self.source = source

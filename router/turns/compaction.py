@@ -9,10 +9,11 @@ worker's ``POST /tokenize`` (vLLM), else read ``prompt_tokens`` of a ``max_token
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, cast
 
-from backends.client import WorkerError, WorkerHTTPError, WorkerUnavailable
-from backends.pools import NoHealthyWorker
+from backends.client import WorkerClient, WorkerError, WorkerHTTPError
+from backends.errors import NoHealthyWorker
 from router.dialects.deltas import TextDelta, Usage
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import NoCapacity, UpstreamError
@@ -31,8 +32,8 @@ SUMMARY_PROMPT = (
     "goals and constraints, what was decided, facts and results established (tool results included), open "
     "questions, and where the work stands. Be concise and specific. Write only the summary."
 )
-TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root
-_no_tokenize: set[str] = set()  # workers seen without /tokenize (404/405/501)
+TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root; a worker without it is marked in ``Worker.lacks``
+LACKING = (404, 405, 501)  # a worker's answers that say it has no such endpoint (all made a 404)
 
 
 async def summarize(route: ModelRoute, req: CreateResponse, items: list[Item], rid: str, *,
@@ -80,36 +81,40 @@ async def count_tokens(route: ModelRoute, req: CreateResponse, tools: ToolSet, i
 
 
 async def _tokenize(route: ModelRoute, req: CreateResponse, body: dict[str, Any]) -> int | None:
-    """vLLM's chat /tokenize; None when the worker has none (or failed: the fallback then decides)."""
+    """vLLM's chat /tokenize; None when no worker has it (or the call failed: the fallback then decides)."""
     pool = route.pool
-    try:
-        worker = pool.pick(exclude=[w for w in pool.workers if w.url in _no_tokenize])
-    except NoHealthyWorker:
-        if not any(w.healthy for w in pool.workers):
-            raise NoCapacity(f"no worker can serve model '{req.model}' now", code="no_healthy_worker") from None
-        return None  # healthy workers, none with /tokenize
     tokenize = {"model": body["model"], "messages": body["messages"], "add_generation_prompt": True}
     for key in ("tools", "chat_template_kwargs"):
         if key in body:
             tokenize[key] = body[key]
-    ticket = pool.acquire(worker)
+    call = pool.call(exclude=[w for w in pool.workers if TOKENIZE_PATH in w.lacks])
     try:
-        answer = await pool.client.post_json(worker.url + TOKENIZE_PATH, tokenize)
+        answer = await call.send(partial(_post_tokenize, pool.client), TOKENIZE_PATH, tokenize)
+    except NoHealthyWorker:
+        if not any(w.healthy for w in pool.workers):
+            raise NoCapacity(f"no worker can serve model '{req.model}' now", code="no_healthy_worker") from None
+        return None  # healthy workers, none with /tokenize (or every circuit open: the fallback says so)
     except WorkerHTTPError as exc:
-        if exc.status in (404, 405, 501):
-            _no_tokenize.add(worker.url)
-            log.info("pool %s: %s has no %s; counting input tokens with a one-token call", pool.name, worker.url,
+        if exc.status == 404 and call.last is not None:
+            call.last.lacks.add(TOKENIZE_PATH)
+            log.info("pool %s: %s has no %s; counting input tokens with a one-token call", pool.name, call.last.url,
                      TOKENIZE_PATH)
-        return None
-    except WorkerUnavailable as exc:
-        pool.mark_down(worker, str(exc))
         return None
     except WorkerError:
         return None
-    finally:
-        pool.release(worker, ticket, served=False)
     count = answer.get("count") if isinstance(answer, dict) else None
     return count if isinstance(count, int) else None
+
+
+async def _post_tokenize(client: WorkerClient, url: str, body: dict[str, Any]) -> Any:
+    """POST /tokenize; a worker without it answers 404 whatever status it used: not found is the
+    request's, neither retried nor counted against the worker (a 501 would be, as a 5xx)."""
+    try:
+        return await client.post_json(url, body)
+    except WorkerHTTPError as exc:
+        if exc.status in LACKING:
+            raise WorkerHTTPError(404, exc.body) from None
+        raise
 
 
 class _Fixed:
