@@ -41,6 +41,7 @@ from router.state.sqlite import SQLiteStore
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
+from router.turns.leases import Leases
 from router.turns.route import ModelRoute
 from router.turns.routing import ModelTarget
 
@@ -213,15 +214,15 @@ def build(config: Config, base_dir: Path) -> RouterApp:
                for m in config.models}
     metrics = RouterMetrics()
     metrics.watch_pools(lambda: pools.values())
-    background = BackgroundRuns(store, lease_s=config.background.lease_s, max_events=config.background.max_events,
-                                sweep_all_at_start=config.store.kind == "sqlite")
+    leases = Leases(store, lease_s=config.background.lease_s, sweep_all_at_start=config.store.kind == "sqlite")
+    background = BackgroundRuns(store, leases, max_events=config.background.max_events)
     auth = Authenticator(_key_owners(config))
     if not config.auth.keys:
         log.warning("no [auth] keys configured: the router is OPEN, every caller shares one owner's stored state")
     router_tools = RouterTools.from_config(config.tools, base_dir)
     sealer = make_sealer(config.sealing.resolved_keys())
     responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                             background=background, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
+                             background=background, leases=leases, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
     passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
@@ -229,7 +230,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         *responses.routes(),
         *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                             ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
-                            max_age_s=config.server.websocket_max_age_s, sealer=sealer, background=background).routes(),
+                            max_age_s=config.server.websocket_max_age_s, sealer=sealer, leases=leases).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
         *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,

@@ -29,16 +29,17 @@ from router.protocol.shapes import input_item_view, response_view
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
+from router.turns.leases import Leases
 from router.turns.prepare import prepare
 from router.turns.routing import ModelTarget
 from router.turns.shadow import maybe_mirror
 
 
 class ResponsesAPI:
-    """The routes, bound to what they need: the store, the model routes, the key check, background runs."""
+    """The routes, bound to what they need: the store, the model routes, the key check, background runs, leases."""
 
     def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
-                 background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None,
+                 background: BackgroundRuns, leases: Leases, ttl_s: int | None = None, router_tools: RouterTools | None = None,
                  metrics: Any = None, sealer: Any = None) -> None:
         self.sealer = sealer
         self.metrics = metrics
@@ -48,6 +49,7 @@ class ResponsesAPI:
         self.auth = auth
         self.max_body_bytes = max_body_bytes
         self.background = background
+        self.leases = leases
         self.ttl_s = ttl_s
 
     def routes(self) -> list[Route]:
@@ -81,7 +83,7 @@ class ResponsesAPI:
             body = await run.complete()  # stored whole; answered as the request's include shows it
             return json_response(response_view(body, req.include or ()), headers=run.served_by)
         await run.open_stream()
-        return event_stream(self.background.stream(run), run.served_by, attach=run.attach_writer)
+        return event_stream(self.leases.stream(run), run.served_by, attach=run.attach_writer)
 
     async def retrieve(self, request: Request) -> Body | StreamBody:
         owner = self.auth.owner(request)

@@ -53,7 +53,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.shapes import usage_object
 from router.state.store import Store
 from router.tools.registry import RouterTools
-from router.turns.background import BackgroundRuns
+from router.turns.leases import Leases
 from router.turns.prepare import prepare
 from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
@@ -71,11 +71,11 @@ class ResponsesWebSocket:
     """The ``/v1/responses`` WebSocket route, bound to what the HTTP create route also uses."""
 
     def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
-                 background: BackgroundRuns, ttl_s: int | None = None, router_tools: RouterTools | None = None, metrics: Any = None,
+                 leases: Leases, ttl_s: int | None = None, router_tools: RouterTools | None = None, metrics: Any = None,
                  max_age_s: float = DEFAULT_MAX_AGE_S, close_grace_s: float = 60.0, cache_size: int = 64,
                  max_lanes: int = 8, max_queued: int = 8, sealer: Any = None) -> None:
         self.store = store
-        self.background = background  # leases a stored response while it streams, as on HTTP
+        self.leases = leases  # a stored response is leased while it streams, as on HTTP
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
@@ -360,7 +360,7 @@ class _Connection:
         if not generate:
             await self._prepared_only(run, sid)
         else:
-            events = api.background.stream(run)
+            events = api.leases.stream(run)
             try:
                 async for batch in events:
                     for event in batch:
@@ -389,7 +389,7 @@ class _Connection:
             return
         if req.store and not view.from_cache:
             return  # the store has the whole chain
-        self.cache.put(response["id"], (view.base or ()) + _frozen(run.input_items) + _frozen(response["output"]))
+        self.cache.put(response["id"], (view.base or ()) + _frozen(run.record.input_items) + _frozen(response["output"]))
 
     # -- frames ----------------------------------------------------------------
 

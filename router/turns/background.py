@@ -1,38 +1,29 @@
 """Background responses: run detached from the request, logged for replay, cancellable from any replica.
-Leases on them, and on the foreground streams stored as they run.
 
 Every event goes to the store's event log (in small batches), so a client can
 replay and follow the stream from ANY replica, during the run or after it.
-The replica running a response holds a lease on it and renews it; a replica
-that dies stops renewing, and the sweep (on any replica) marks its responses
-failed. Cancel requests go through the store, so any replica can cancel.
+The replica running a response leases it (router/turns/leases.py). Cancel
+requests go through the store, so any replica can cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from router.protocol.errors import APIError, InvalidRequest, NotFound
-from router.protocol.replay import output_of
-from router.protocol.shapes import response_error
 from router.state.store import BackgroundStore, ResponseDeleted, Store, StoreUnavailable
+from router.turns.leases import STOPPED, Leases
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.background")
-# How often a leased stream's output so far is stored (``BackgroundRuns._checkpoints``).
-CHECKPOINT_S = 1.0
 
 Event = dict[str, Any]
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
-STOPPED = APIError("The router running this background response stopped before it finished.", code="router_stopped")
-ABANDONED = response_error(STOPPED.code, STOPPED.message)  # the stored error of a response nobody runs any more
 # How long a cancel request waits for the response to stop before it answers: the run here stops at
 # once; one on another replica sees the request at its next poll (``poll_s``).
 CANCEL_WAIT_S = 5.0
@@ -43,32 +34,25 @@ FLUSH_S = 0.05
 class BackgroundRuns:
     """The background responses this replica runs, and the loops that keep them honest."""
 
-    def __init__(self, store: Store, *, lease_s: float = 30.0, poll_s: float = 0.25, max_events: int = 100_000,
-                 sweep_all_at_start: bool = False) -> None:
+    def __init__(self, store: Store, leases: Leases, *, poll_s: float = 0.25, max_events: int = 100_000) -> None:
         self.store = store
-        self.holder = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
-        self.lease_s = lease_s
+        self.leases = leases
         self.poll_s = poll_s
         self.max_events = max_events
-        self._sweep_all_at_start = sweep_all_at_start  # one replica only (SQLite): nothing else can be running
         self._runs: dict[str, asyncio.Task[None]] = {}
-        self._streams: set[str] = set()  # foreground streams stored as they run (``leased``)
         self._cancelling: set[str] = set()
         self._wake: dict[str, asyncio.Event] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self._later: set[asyncio.Task[None]] = set()  # storing the ends of streams the store missed
 
     async def start(self) -> None:
-        failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED, output_of)
-        if failed:
-            log.warning("marked %d abandoned background responses failed", len(failed))
-        self._loops = [asyncio.create_task(self._lease_loop(), name="leases"),
-                       asyncio.create_task(self._cancel_loop(), name="cancels")]
+        await self.leases.start()
+        self._loops = [asyncio.create_task(self._cancel_loop(), name="cancels")]
 
     async def stop(self, drain_s: float = 5.0, margin_s: float = 2.0) -> None:
         """Let running responses finish for ``drain_s``, then fail the rest (given ``margin_s`` to store that)."""
-        for loop in [*self._loops, *self._later]:
+        for loop in self._loops:
             loop.cancel()
+        self.leases.stop()
         if self._runs:
             await asyncio.wait(list(self._runs.values()), timeout=drain_s)
         for task in list(self._runs.values()):
@@ -80,56 +64,18 @@ class BackgroundRuns:
 
     async def submit(self, run: ResponseRun) -> dict[str, Any]:
         """Queue ``run``: stored as ``queued`` with its first events before this returns."""
-        run.lease_holder = self.holder
-        run.lease_s = self.lease_s
-        events = run.queue()
-        await run.persist()
-        await self.store.append_events(run.response["id"], events)
         rid = run.response["id"]
+        self.leases.hold(run)
+        events = run.queue()
+        try:
+            await run.persist()
+            await self.store.append_events(rid, events)
+        except BaseException:
+            self.leases.release(rid)
+            raise
         self._wake[rid] = asyncio.Event()
         self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
         return dict(run.response)
-
-    def stream(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
-        """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
-        ``in_progress`` as it starts (router/turns/runner.py), and if this replica dies the sweep marks
-        it failed, as it does a background response."""
-        return self._leased(run) if run.req.store else run.events()
-
-    async def _leased(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
-        rid = run.response["id"]
-        run.lease_holder = self.holder
-        run.lease_s = self.lease_s
-        self._streams.add(rid)
-        stream = run.events()
-        checkpoints = asyncio.create_task(self._checkpoints(run), name=f"checkpoints:{rid}")
-        try:
-            async for events in stream:
-                yield events
-        finally:
-            checkpoints.cancel()  # the run's own last put has the lock first: nothing is overwritten
-            try:
-                await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
-            finally:
-                if run.unstored:  # the store was unavailable: its end is stored once it is back, leased here meanwhile
-                    task = asyncio.create_task(self._store_when_back(run, None), name=f"unstored:{rid}")
-                    self._later.add(task)
-                    task.add_done_callback(self._later.discard)
-                else:
-                    self._streams.discard(rid)
-
-    async def _checkpoints(self, run: ResponseRun) -> None:
-        """Every CHECKPOINT_S, a leased stream's output so far goes to the store (``run.checkpoint``):
-        a replica killed mid-stream leaves its client's answer stored ``failed`` with what the client
-        had seen up to then, as a background run leaves its event log."""
-        while True:
-            await asyncio.sleep(CHECKPOINT_S)
-            try:
-                await run.checkpoint()
-            except ResponseDeleted:
-                return
-            except Exception:  # a missed checkpoint only means an older one stands
-                log.debug("checkpoint of %s failed", run.response["id"], exc_info=True)
 
     async def _run(self, run: ResponseRun) -> None:
         rid = run.response["id"]
@@ -138,8 +84,8 @@ class BackgroundRuns:
             try:
                 await self._drive(run, log_)
             except StoreUnavailable:  # its end could not be stored or logged: it is, once the store is back
-                run.unstored = True
-            await self._store_when_back(run, log_)
+                run.record.unstored = True
+            await self.leases.store_when_back(run, log_.flush)
         except ResponseDeleted:  # deleted while it ran: nothing to record, and it stays deleted
             log.info("background response %s was deleted while it ran; stopped", rid)
         finally:
@@ -147,6 +93,7 @@ class BackgroundRuns:
                 await log_.flush()
             except StoreUnavailable:
                 log.warning("background response %s: its last events are not logged (store unavailable)", rid)
+            self.leases.release(rid)
             self._runs.pop(rid, None)
             self._cancelling.discard(rid)
             self._wake.pop(rid, None)
@@ -160,20 +107,20 @@ class BackgroundRuns:
                     await log_.add(events)
             except StoreUnavailable as exc:  # unreachable past its retries: it stops, stored once the store is back
                 if run.response["status"] not in FINISHED:
-                    log_.keep(await run.failed(exc))
+                    log_.keep(await run.fail(exc))
             except APIError:  # the worker could not be reached: stored failed by the runner
-                await log_.add(run.failure_events)
+                await log_.add(run.refused_events)
             except asyncio.CancelledError:
                 if run.response["id"] not in self._cancelling:
                     raise
                 await log_.add(await run.cancelled())
         except asyncio.CancelledError:  # shutdown: record the failure while we still can
-            await log_.add(await run.failed(STOPPED))
+            await log_.add(await run.fail(STOPPED))
         except (ResponseDeleted, StoreUnavailable):
             raise
         except Exception as exc:  # a background task must always end recorded
             log.exception("background response %s crashed", run.response["id"])
-            await log_.add(await run.failed(APIError(f"internal error: {exc}", code="internal_error")))
+            await log_.add(await run.fail(APIError(f"internal error: {exc}", code="internal_error")))
 
     async def cancel(self, body: dict[str, Any], owner: str) -> None:
         """Ask whichever replica runs it to stop, and wait (at most ``CANCEL_WAIT_S``) until it has,
@@ -211,27 +158,6 @@ class BackgroundRuns:
         if task is not None and rid not in self._cancelling:
             self._cancelling.add(rid)
             task.cancel()
-
-    async def _store_when_back(self, run: ResponseRun, log_: _EventLog | None) -> None:
-        """Store what a run could not (its end, then its last events: the store stayed unreachable past
-        its retries), trying until the store answers. Its id stays leased here meanwhile, renewed as
-        soon as the store is back, so no sweep fails it as abandoned, for the wrong reason."""
-        rid = run.response["id"]
-        try:
-            while True:
-                try:
-                    if run.unstored:
-                        await run.persist()
-                        run.unstored = False
-                    if log_ is not None:
-                        await log_.flush()
-                    return
-                except StoreUnavailable:
-                    await asyncio.sleep(self.lease_s / 3)
-        except ResponseDeleted:
-            log.info("response %s was deleted before its end could be stored", rid)
-        finally:
-            self._streams.discard(rid)
 
     # -- replay ----------------------------------------------------------------
 
@@ -280,25 +206,6 @@ class BackgroundRuns:
             pass
 
     # -- loops -----------------------------------------------------------------
-
-    async def _lease_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
-            try:
-                if self._runs or self._streams:
-                    await self.store.renew_leases([*self._runs, *self._streams], self.holder, time.time() + self.lease_s)
-                # No lease could be renewed while the store was unreachable: none is judged until it
-                # has answered for a lease since (a ping starts the count), so their holders renew them.
-                if self.store.reachable_s() < self.lease_s:
-                    await self.store.ping()
-                    continue
-                failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
-                if failed:
-                    log.warning("marked abandoned background responses failed: %s", ", ".join(failed))
-            except StoreUnavailable:  # the store's own log lines say so
-                pass
-            except Exception:  # keep renewing whatever one round did
-                log.exception("lease round failed")
 
     async def _cancel_loop(self) -> None:
         while True:

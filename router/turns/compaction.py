@@ -19,7 +19,8 @@ from router.dialects.turn import DialectTurn
 from router.protocol.errors import NoCapacity, UpstreamError
 from router.protocol.ids import new_id
 from router.protocol.items import Item
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import CreateResponse, compact_threshold
+from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
 from router.protocol.shapes import usage_object
 from router.protocol.tools import ToolSet, build_toolset
 from router.turns.route import ModelRoute
@@ -126,3 +127,21 @@ class _Fixed:
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         return self._body
+
+
+async def fold_history(route: ModelRoute, req: CreateResponse, tools: ToolSet, items: list[Item], *, sealer: Sealer,
+                       owner: str, rid: str) -> tuple[Item, list[Item], Usage] | None:
+    """``context_management``: past the threshold, the turns before the last user message become
+    a summary. Returns the compaction item (emitted first), the prompt with it, and what the
+    summary cost; None when there is nothing to fold."""
+    threshold = compact_threshold(req)
+    if threshold is None or await count_tokens(route, req, tools, items) <= threshold:
+        return None
+    users = [i for i, item in enumerate(items) if item["type"] == "message" and item["role"] == "user"]
+    if len(users) < 2:
+        return None  # only the current turn: nothing older to fold
+    keep = users[-1]
+    summary, usage = await summarize(route, req, items[:keep], rid + "-compact")
+    compaction = seal_compaction(sealer, owner, req.model, summary, keep_from=items[keep]["id"])
+    prompt = expand_compactions([*items[:keep + 1], *items[keep + 1:], compaction], sealer, owner, first_input=len(items) + 1)
+    return compaction, prompt, Usage(usage["input_tokens"], usage["output_tokens"])

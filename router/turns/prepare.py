@@ -1,4 +1,4 @@
-"""A validated request -> a ResponseRun ready to go: route, tools, history, prompt.
+"""The prepare stage: a validated request -> a ResponseRun ready to go: route, tools, history, prompt.
 
 Everything that can be refused is refused here, before any worker is called
 or anything is stored.
@@ -19,6 +19,7 @@ from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.history import check_tool_outputs, load_history, resolve_input
 from router.turns.prelude import build_prelude
+from router.turns.record import Record
 from router.turns.routing import ModelTarget, Routing, prefix_hash
 from router.turns.runner import ResponseRun
 
@@ -69,11 +70,12 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
 
         refuse_media(written, input_items, history, model=req.model,
                      history_param="conversation" if conversation_id is not None else "previous_response_id")
+    record = Record(store=store, owner=owner, stored=bool(req.store), previous_response_id=req.previous_response_id,
+                    input_items=input_items, background=bool(req.background), ttl_s=ttl_s,
+                    conversation_id=conversation_id, conversation_position=seen_until)
     return ResponseRun(
-        req=req, owner=owner, route=routing.route, store=store, tools=tools, prompt_items=prompt_items,
-        input_items=input_items, response=response, ttl_s=ttl_s, conversation_id=conversation_id,
-        conversation_position=seen_until,
-        router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
+        req=req, owner=owner, route=routing.route, tools=tools, prompt_items=prompt_items, response=response,
+        record=record, router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
         seal=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids,
     )
 

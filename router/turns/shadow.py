@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
+from router.turns.record import Record
 from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
 
@@ -32,8 +33,9 @@ def maybe_mirror(target: ModelTarget, run: ResponseRun) -> None:
         counts["skipped"] += 1
         return
     req = run.req.model_copy(update={"store": False, "stream": False, "background": False, "conversation": None})
-    mirror = ResponseRun(req=req, owner=run.owner, route=target.shadow, store=run.store, tools=run.tools,
-                         prompt_items=list(run.prompt_items), input_items=[], response=replace_response(run))
+    record = Record(store=run.record.store, owner=run.owner, stored=False, previous_response_id=None, input_items=[])
+    mirror = ResponseRun(req=req, owner=run.owner, route=target.shadow, tools=run.tools,
+                         prompt_items=list(run.prompt_items), response=replace_response(run), record=record)
     _running[target.name] = _running.get(target.name, 0) + 1
     task = asyncio.create_task(_run(target.name, mirror, counts), name=f"shadow:{target.name}")
     _tasks.add(task)

@@ -1,0 +1,144 @@
+"""Leases: the stored responses this replica runs (background runs, and foreground streams stored
+as they run) are held by it, so that any replica can tell a running response from an abandoned one.
+
+The replica running a response holds a lease on it and renews it; a replica
+that dies stops renewing, and the sweep (on any replica) marks its responses
+failed, with the output a stream had checkpointed. A response whose end the
+store missed (unreachable past its retries) stays leased here until its end
+is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+from router.protocol.errors import APIError
+from router.protocol.replay import output_of
+from router.protocol.shapes import response_error
+from router.state.store import ResponseDeleted, Store, StoreUnavailable
+from router.turns.runner import ResponseRun
+
+log = logging.getLogger("router.background")
+# How often a leased stream's output so far is stored (``Leases._checkpoints``).
+CHECKPOINT_S = 1.0
+
+Event = dict[str, Any]
+STOPPED = APIError("The router running this response stopped before it finished.", code="router_stopped")
+ABANDONED = response_error(STOPPED.code, STOPPED.message)  # the stored error of a response nobody runs any more
+
+
+class Leases:
+    """The responses this replica holds, renewed while they run, and the sweep of abandoned ones."""
+
+    def __init__(self, store: Store, *, lease_s: float = 30.0, sweep_all_at_start: bool = False) -> None:
+        self.store = store
+        self.holder = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.lease_s = lease_s
+        self._sweep_all_at_start = sweep_all_at_start  # one replica only (SQLite): nothing else can be running
+        self._held: set[str] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._later: set[asyncio.Task[None]] = set()  # storing the ends of streams the store missed
+
+    async def start(self) -> None:
+        failed = await self.store.fail_abandoned(math.inf if self._sweep_all_at_start else time.time(), ABANDONED, output_of)
+        if failed:
+            log.warning("marked %d abandoned responses failed", len(failed))
+        self._loop = asyncio.create_task(self._renew_loop(), name="leases")
+
+    def stop(self) -> None:
+        for task in [self._loop, *self._later]:
+            if task is not None:
+                task.cancel()
+
+    def hold(self, run: ResponseRun) -> None:
+        """``run`` is this replica's until ``release``: stored with a lease, renewed meanwhile."""
+        run.record.lease(self.holder, self.lease_s)
+        self._held.add(run.response["id"])
+
+    def release(self, rid: str) -> None:
+        self._held.discard(rid)
+
+    def stream(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
+        """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
+        ``in_progress`` as it starts, its output so far every CHECKPOINT_S, and if this replica dies
+        the sweep marks it failed, as it does a background response."""
+        return self._leased(run) if run.req.store else run.events()
+
+    async def _leased(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
+        rid = run.response["id"]
+        self.hold(run)
+        stream = run.events()
+        checkpoints = asyncio.create_task(self._checkpoints(run), name=f"checkpoints:{rid}")
+        try:
+            async for events in stream:
+                yield events
+        finally:
+            checkpoints.cancel()  # the run's own last put has the lock first: nothing is overwritten
+            try:
+                await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
+            finally:
+                if run.record.unstored:  # the store was unavailable: its end is stored once it is back, leased here meanwhile
+                    task = asyncio.create_task(self.store_when_back(run, None), name=f"unstored:{rid}")
+                    self._later.add(task)
+                    task.add_done_callback(self._later.discard)
+                else:
+                    self.release(rid)
+
+    async def _checkpoints(self, run: ResponseRun) -> None:
+        """Every CHECKPOINT_S, a leased stream's output so far goes to the store (``run.checkpoint``):
+        a replica killed mid-stream leaves its client's answer stored ``failed`` with what the client
+        had seen up to then, as a background run leaves its event log."""
+        while True:
+            await asyncio.sleep(CHECKPOINT_S)
+            try:
+                await run.checkpoint()
+            except ResponseDeleted:
+                return
+            except Exception:  # a missed checkpoint only means an older one stands
+                log.debug("checkpoint of %s failed", run.response["id"], exc_info=True)
+
+    async def store_when_back(self, run: ResponseRun, flush: Callable[[], Awaitable[None]] | None) -> None:
+        """Store what a run could not (its end, then ``flush``: its last events), trying until the store
+        answers. Its id stays leased here meanwhile, renewed as soon as the store is back, so no sweep
+        fails it as abandoned, for the wrong reason. Released once done."""
+        rid = run.response["id"]
+        try:
+            while True:
+                try:
+                    if run.record.unstored:
+                        await run.store_again()
+                        run.record.unstored = False
+                    if flush is not None:
+                        await flush()
+                    return
+                except StoreUnavailable:
+                    await asyncio.sleep(self.lease_s / 3)
+        except ResponseDeleted:
+            log.info("response %s was deleted before its end could be stored", rid)
+        finally:
+            self.release(rid)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if self._held:
+                    await self.store.renew_leases(list(self._held), self.holder, time.time() + self.lease_s)
+                # No lease could be renewed while the store was unreachable: none is judged until it
+                # has answered for a lease since (a ping starts the count), so their holders renew them.
+                if self.store.reachable_s() < self.lease_s:
+                    await self.store.ping()
+                    continue
+                failed = await self.store.fail_abandoned(time.time(), ABANDONED, output_of)
+                if failed:
+                    log.warning("marked abandoned responses failed: %s", ", ".join(failed))
+            except StoreUnavailable:  # the store's own log lines say so
+                pass
+            except Exception:  # keep renewing whatever one round did
+                log.exception("lease round failed")
