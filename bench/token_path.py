@@ -14,7 +14,7 @@ around ``map``'s calls of ``data_received``, so start-up is left out.
 vLLM 0.32 writes it), not of the answer. ``--harmony``: a harmony (gpt-oss) pool's
 stream, vLLM's generate frames of one token id each (the header's few, then the answer's
 words: the harmony dialect's ``decode`` and parser instead of the chat one's). ``--run N`` runs the path natively
-instead (what tests/test_token_path.py does).
+instead (what bench/test_token_path.py does).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def frames(n: int, reasoning: bool = False) -> list[bytes]:
 
 
 def harmony_encoding() -> Any:
-    """gpt-oss's encoding, offline (the vocabulary as tests/conftest.py finds it)."""
+    """gpt-oss's encoding, offline (the vocabulary where tests/conftest.py builds it)."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
     from router.dialects.harmony_vocab import ENV_VAR, ensure_vocab

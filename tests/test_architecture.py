@@ -55,7 +55,7 @@ def _imports(path: Path) -> list[str]:
             found += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path}: relative import (the layer rules read absolute ones)")
-    return [name for name in found if name.split(".")[0] in PACKAGES]
+    return [name for name in found if name.split(".")[0] in (*PACKAGES, "bench", "tests")]
 
 
 def _allowed(source: str, target: str) -> bool:
@@ -77,6 +77,16 @@ def test_no_layer_imports_above_itself() -> None:
             if target.split(".")[0] in ("bench", "tests") or not _allowed(source, target):
                 wrong.append(f"{path.relative_to(ROOT)} imports {target}")
     assert not wrong, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_tests_and_bench_keep_to_themselves() -> None:
+    """The tests drive the packages, never a benchmark's harness (bench/'s own tools are tested
+    beside them, bench/test_*.py), and a benchmark takes nothing from the tests."""
+    wrong = []
+    for folder, other in (("tests", "bench"), ("bench", "tests")):
+        for path in (ROOT / folder).rglob("*.py"):
+            wrong += [f"{path.relative_to(ROOT)} imports {t}" for t in _imports(path) if t.split(".")[0] == other]
+    assert not wrong, "\n".join(sorted(set(wrong)))
 
 
 def test_the_rule_check_catches_an_upward_import(tmp_path: Path) -> None:

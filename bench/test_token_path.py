@@ -53,7 +53,7 @@ def test_every_read_of_reasoning_leaves_as_one_write_of_its_delta() -> None:
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
 
-def test_every_read_of_a_harmony_stream_leaves_as_one_write_of_its_delta(harmony_vocab: object) -> None:
+def test_every_read_of_a_harmony_stream_leaves_as_one_write_of_its_delta() -> None:
     """vLLM's generate frames of one token each: the header's make no write, then one per word."""
     writes = run(50, harmony=True)
     assert len(writes) == 50
