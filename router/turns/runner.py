@@ -9,7 +9,7 @@ A response's stages, in order (docs/ARCHITECTURE.md "A response's way" says wher
 4. build request: items -> the engine's request (the dialect's turn, router/dialects/);
 5. execute: ``context_management`` folded (turns/compaction.py), the MCP prelude
    (turns/prelude.py), the worker call (turns/upstream.py -> backends/calls.py), and the
-   router's tools between turns (tools/registry.py): here, ``ResponseRun``;
+   router's tools between turns (turns/tool_loop.py): here, ``ResponseRun``;
 6. assemble: the worker's deltas -> items and events (turns/reader.py, turns/assembler.py);
 7. persist: stored before its terminal event leaves (turns/record.py), a stored stream also
    as it starts and every second, leased (turns/leases.py);
@@ -38,7 +38,7 @@ from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 from router.state.store import StoreUnavailable
-from router.tools.registry import Browsing, RouterTools, gather_outcomes
+from router.tools.registry import RouterTools
 from router.turns.assembler import Assembler, Event
 from router.turns.compaction import fold_history
 from router.turns.prelude import Prelude
@@ -47,6 +47,7 @@ from router.turns.record import Record
 from router.turns.route import ModelRoute
 from router.turns.routing import Routing
 from router.turns.tool_items import RouterCallItem
+from router.turns.tool_loop import ToolLoop
 from router.turns.upstream import Upstream
 
 log = logging.getLogger("router.turns")
@@ -107,13 +108,13 @@ class ResponseRun:
     refused_events: list[Event] = field(default_factory=list)  # set when the run was refused before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
-    _tool_calls_run: int = 0
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
     _upstream: Upstream = field(init=False)
+    _tool_loop: ToolLoop = field(init=False)
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
@@ -126,17 +127,13 @@ class ResponseRun:
         self._upstream = Upstream(self.route.pool, self.req.model, truncate=self.req.truncation == "auto",
                                   preferred=routing.preferred_worker if routing else None,
                                   prefix_key=routing.prefix_key if routing else None)
-
-    @property
-    def _loops(self) -> bool:
-        """Whether the router may run tools between turns (else one plain worker call does)."""
-        return self.prelude is not None or any(t.kind in ("mcp", "web_search", "code_interpreter") for t in self.tools.offered)
+        self._tool_loop = ToolLoop(self.tools, self.router_tools, self.prelude, self.owner, self.req.max_tool_calls)
 
     # -- a whole answer ------------------------------------------------------
 
     async def complete(self) -> dict[str, Any]:
         """Run to the end and return the final Response object."""
-        if self._loops:  # the same machine as a stream, events dropped
+        if self._tool_loop.loops:  # the same machine as a stream, events dropped
             await self.open_stream()
             async for _ in self.events():
                 pass
@@ -164,7 +161,7 @@ class ResponseRun:
             raise await self._refused(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
         asm = self._assembler
         asm.feed(deltas)
-        asm.finish(self._unrunnable_call())
+        asm.finish(self._tool_loop.unrunnable_call(self.response["output"]))
         await self.persist()
         return self.response
 
@@ -222,7 +219,8 @@ class ResponseRun:
         """Model turns, router tools run between them, until one ends without such calls; then the end."""
         asm = self._assembler
         reason = None
-        for turn_no in range(self._max_turns):
+        loop = self._tool_loop
+        for turn_no in range(loop.max_turns):
             if turn_no:
                 self._turn = self.route.turn(self.req, self.tools, self.response["id"])
                 try:
@@ -243,18 +241,18 @@ class ResponseRun:
             ends = any(not isinstance(c, RouterCallItem) for c in asm.last_turn_calls)  # client calls, approvals
             if not calls:
                 break
-            if self._over_tool_budget(len(calls)):
+            if loop.over_budget(len(calls)):
                 for call in calls:
                     call.abandon()
                 reason = "max_tool_calls"
                 break
-            yield await self._run_calls(calls, start)
+            yield await loop.run(calls, asm, start, self.prompt_items)
             if ends:
                 break
             self.tools.relax()
         else:
             reason = "max_turns"
-        events = asm.finish(reason or self._unrunnable_call())
+        events = asm.finish(reason or loop.unrunnable_call(self.response["output"]))
         try:
             await self.persist()
         except StoreUnavailable as exc:  # made but not kept: the end the client sees says so
@@ -300,45 +298,6 @@ class ResponseRun:
         events = asm.feed(self._turn.end()) + asm.close_turn()
         self._close_stream()
         yield events
-
-    async def _run_calls(self, calls: list[RouterCallItem], turn_start: int) -> list[Event]:
-        """Run this turn's router calls; the model's turn and the results join the prompt."""
-        assert self.router_tools is not None
-        servers = self.prelude.servers if self.prelude is not None else {}
-        outcomes = await gather_outcomes(calls, self.router_tools, servers, self._browsing(), owner=self.owner)
-        events: list[Event] = []
-        by_id: dict[str, str] = {}
-        for call, outcome in zip(calls, outcomes):
-            sources = [{"type": "url", "url": s["url"]} for s in outcome.sources or ()] if outcome.sources is not None else None
-            call.finish(events, output=outcome.output, error=outcome.error, outputs=outcome.outputs, sources=sources)
-            for source in outcome.sources or ():
-                self._assembler.sources[source["url"]] = source.get("title") or source["url"]
-            by_id[call.item["id"]] = outcome.prompt_text
-        self._tool_calls_run += len(calls)
-        for item in self._assembler.output[turn_start:]:
-            text = by_id.get(item["id"])
-            self.prompt_items.append({**item, "_output": text} if text is not None else item)
-        return events
-
-    def _browsing(self) -> Browsing:
-        """The conversation's browser (the newest search's links, the page read last), from its items so far."""
-        return Browsing.from_items(self.prompt_items)
-
-    @property
-    def _max_turns(self) -> int:
-        return self.router_tools.max_turns if self.router_tools is not None and self._loops else 1
-
-    def _over_tool_budget(self, more: int) -> bool:
-        cap = self.req.max_tool_calls
-        return cap is not None and self._tool_calls_run + more > cap
-
-    def _unrunnable_call(self) -> str | None:
-        """A call to a built-in tool (harmony's browser.*, python, container.*) that nothing here can run."""
-        for item in self.response["output"]:
-            name = item.get("name", "")
-            if item["type"] == "function_call" and self.tools.lookup(name) is None and ("." in name or name == "python"):
-                return "tool_not_available"
-        return None
 
     def _close_stream(self) -> None:
         if self._stream is not None:
