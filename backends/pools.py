@@ -96,6 +96,7 @@ class Pool:
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
+    _status: str | None = None  # as last logged (``_note_status``)
 
     @classmethod
     def create(cls, *, name: str, engine: str, model: str, balancer: Balancer, urls: Sequence[str] = (),
@@ -171,6 +172,7 @@ class Pool:
     def record_success(self, worker: Worker, ticket: int) -> None:
         if worker.breaker.success(ticket, time.monotonic()):
             log.info("pool %s: worker %s circuit closed", self.name, worker.url)
+            self._note_status()
 
     def record_failure(self, worker: Worker, reason: str, ticket: int) -> None:
         """A call failed through the worker's fault (not the request's): towards opening its circuit.
@@ -180,17 +182,36 @@ class Pool:
         if cooldown is not None:
             log.warning("pool %s: worker %s circuit open for %.0f s after %d failures: %s",
                         self.name, worker.url, cooldown, worker.breaker.failures, reason)
+            self._note_status()
 
     def mark_down(self, worker: Worker, reason: str) -> None:
         """A passive signal: a call could not reach the worker (or its process exited). The health
         loop brings it back."""
-        if worker.healthy:
-            log.warning("pool %s: worker %s marked down: %s", self.name, worker.url, reason)
+        was = worker.healthy
         worker.healthy = False
         worker.last_error = reason
+        if was:
+            log.warning("pool %s: worker %s marked down: %s", self.name, worker.url, reason)
+            self._note_status()
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(w) for w in self.workers))
+        self._note_status()  # a circuit's cool-down ends with time, not with an event
+
+    def _note_status(self) -> None:
+        """Log the pool's status when it changes (once per transition, never per probe): down (no
+        request can be served, and why), degraded, ok. A pool that starts ok says nothing here."""
+        state = self.describe()
+        status = state["status"]
+        if status == self._status or (self._status is None and status == "ok"):
+            self._status = status
+            return
+        was, self._status = self._status, status
+        counts = f"{state['available_workers']} of {len(self.workers)} workers available"
+        if status == "down":
+            log.warning("pool %s: down: %s (%s); its requests get 503", self.name, state["reason"], counts)
+        else:
+            log.info("pool %s: %s%s (%s)", self.name, "serving again, " if was == "down" else "", status, counts)
 
     async def _check(self, worker: Worker) -> None:
         """One failed check is not enough to stop routing (a busy worker can answer late); three in a row are.

@@ -132,6 +132,14 @@ def test_a_crash_under_twenty_streams_does_not_shut_the_restarted_worker_out(tmp
         resp = httpx.post(router.base_url + "/v1/responses", json={"model": "m", "input": "after the crash"}, timeout=30)
         assert resp.status_code == 200, resp.text
         assert health(router)["pools"][0]["workers"][0]["circuit"] == "closed"
+        # The operator's log tells the story once, however many probes and calls saw the pool down.
+        wait_for(router, "the pool's recovery logged", lambda: "pool sim: serving again" in router.log(), 10)
+        log = router.log()
+        assert log.count("pool sim: down: ") == 1 and log.count("pool sim: serving again, ok (1 of 1 workers available)") == 1, log
+        assert log.index("pool sim: down: ") < log.index("pool sim: serving again")
+        assert log.count("marked down") >= 1 and "exited with code -9" in log, log
+        assert log.rindex("starting on") > log.index("exited with code -9"), log  # the restart
+        assert f"worker {worker['url']} healthy" in log[log.index("exited with code -9"):], log
     finally:
         assert router.stop() == 0
 

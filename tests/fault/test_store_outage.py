@@ -200,6 +200,9 @@ def test_an_outage_longer_than_a_lease_fails_nothing_that_runs(pair, pg_server: 
     final = stream.ended()
     assert final["status"] == "completed" and get(b, final["id"])["status"] == "completed"
     check_stream(replayed(b, background))
+    log = a.log()  # the operator reads the outage in the log: once as it starts, once as it ends
+    assert log.count(" unreachable (") == 1 and log.count(" reachable again after ") == 1, log[-4000:]
+    assert log.index(" unreachable (") < log.index(" reachable again after ")
 
 
 @pytest.mark.parametrize("pair", [2], indirect=True)  # [store] retry_s = 2
