@@ -98,14 +98,86 @@ def kv_cache_usage(engine: str, metrics_text: str) -> float | None:
     return None
 
 
-# How vLLM ("maximum context length", "too long to fit into the model") and SGLang
-# ("longer than the model's context length") say a request does not fit the context.
+# How vLLM and SGLang say a request does not fit the context window, each wording with what it
+# tells: the context (limit), the prompt's tokens (prompt), the max_tokens it read, and whether
+# the prompt alone is too long ("prompt") or only with the answer's budget ("total"; "strict":
+# the engine needs prompt + max_tokens < limit, SGLang's check, not <=). Newest first.
+_CONTEXT_WORDINGS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(p, re.I)) for kind, p in (
+    # vLLM 0.32 (renderers/params.py): max_tokens above the context whatever the prompt (below it,
+    # vLLM clamps max_tokens to the room left itself); a prompt longer than the context, counted
+    # in tokens or, before tokenizing, in characters; the input processor's prompt of exactly it.
+    ("total", r"(?:max_tokens|max_completion_tokens)=(?P<max_tokens>\d+) ?cannot be greater than "
+              r"max_model_len=(?:max_total_tokens=)?(?P<limit>\d+)"),
+    ("prompt", r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains (?:at least )?"
+               r"(?P<prompt>\d+) input tokens"),
+    ("prompt", r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains \d+ characters"),
+    ("prompt", r"The decoder prompt \(length (?P<prompt>\d+)\) (?:is longer than|plus the number of requested)"),
+    # vLLM 0.1x renderers: the budget taken from the context before tokenizing.
+    ("total", r"You passed (?P<prompt>\d+) input tokens and requested (?P<max_tokens>\d+) output tokens\. However, "
+              r"the model's context length is only (?P<limit>\d+) tokens"),
+    ("total", r"You passed (?P<chars>\d+) input characters and requested (?P<max_tokens>\d+) output tokens\. However, "
+              r"the model's context length is only (?P<limit>\d+) tokens, resulting in a maximum input length of "
+              r"(?P<max_input>\d+) tokens \(at most (?P<max_chars>\d+) characters\)"),
+    # vLLM 0.6-0.10 (serving_engine.py _validate_input), and before.
+    ("total", r"'max_tokens' or 'max_completion_tokens' is too large: (?P<max_tokens>\d+)\. This model's maximum "
+              r"context length is (?P<limit>\d+) tokens and your request has (?P<prompt>\d+) input tokens"),
+    ("prompt", r"maximum context length is (?P<limit>\d+) tokens\. However, your request has (?P<prompt>\d+) input"),
+    ("total", r"maximum context length is (?P<limit>\d+) tokens\. However, you requested \d+ tokens \((?P<prompt>\d+) "
+              r"in the messages, (?P<max_tokens>\d+) in the completion\)"),
+    ("prompt", r"maximum context length is (?P<limit>\d+) tokens\. However, you requested (?P<prompt>\d+) tokens in"),
+    # SGLang (tokenizer_manager.py _validate_one_request).
+    ("prompt", r"The input \((?P<prompt>\d+) tokens\) is longer than the model'?s context length \((?P<limit>\d+)"),
+    ("strict", r"maximum context length of (?P<limit>\d+) tokens\. You requested a total of \d+ tokens: (?P<prompt>\d+) "
+               r"tokens from the input messages and (?P<max_tokens>\d+) tokens for the completion"),
+))
+# Wordings of other servers: the context named, the answer's budget not.
 _OVERFLOW = re.compile(r"maximum context length|too long to fit|longer than the model'?s context length|context length", re.I)
+_BUDGET = re.compile(r"max_tokens|max_completion_tokens|max_new_tokens|completion|output tokens", re.I)
+
+
+def _context_error(status: int, message: str) -> tuple[str, dict[str, int]] | None:
+    """(kind, numbers) of a 400 in one of the engines' context wordings; None for any other error."""
+    if status != 400:
+        return None
+    for kind, pattern in _CONTEXT_WORDINGS:
+        if m := pattern.search(message):
+            return kind, {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    return None
+
+
+def output_room(status: int, message: str) -> int | None:
+    """The largest max_tokens the engine takes for the same prompt, when its 400 says the prompt fits
+    and only max_tokens is too large; None for any other error (a prompt that does not fit included).
+
+    The engine counted the prompt, so its words give the room exactly: ``limit - prompt`` (less one
+    where it wants room to spare). vLLM 0.32 names only the context (it clamps what is below it);
+    a count of characters gives the least the prompt's tokens can be."""
+    parsed = _context_error(status, message)
+    if parsed is None or parsed[0] == "prompt":
+        return None
+    kind, n = parsed
+    limit = n["limit"]
+    if "prompt" in n:
+        room = limit - n["prompt"] - (1 if kind == "strict" else 0)
+    elif "chars" in n and n.get("max_input") and n.get("max_chars"):
+        room = limit - -(-n["chars"] * n["max_input"] // n["max_chars"])  # limit - ceil(chars / chars per token)
+    else:
+        room = limit
+    return room if 0 < room < n.get("max_tokens", room + 1) else None
 
 
 def is_context_overflow(status: int, message: str) -> bool:
-    """A 400 that means prompt + max_tokens exceed the model's context window."""
-    return status == 400 and bool(_OVERFLOW.search(message))
+    """A 400 that means the prompt alone does not fit the model's context window (no room for one
+    token): dropping turns can help. A max_tokens too large for the room left is not one."""
+    parsed = _context_error(status, message)
+    if parsed is None:
+        return status == 400 and bool(_OVERFLOW.search(message)) and not _BUDGET.search(message)
+    kind, n = parsed
+    if kind == "prompt":
+        return True
+    if "prompt" in n:
+        return n["limit"] - n["prompt"] - (1 if kind == "strict" else 0) < 1
+    return False
 
 
 # -- token-level generate (harmony pools) ---------------------------------------------

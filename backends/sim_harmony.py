@@ -2,12 +2,13 @@
 engines' token-level generate APIs answering with ids of the REAL harmony encoding.
 Markers of the prompt's last user message: [sim:tokens=N] final words,
 [sim:reason=N] analysis words (0: none), [sim:call=A,B] (arguments: the required
-top-level fields of the developer message's tool types), [sim:builtin=browser.search
-|python], [sim:preamble] (commentary before the final), [sim:garbage=N] (N random
-ids, <|return|>), [sim:chunk=N] ids per frame, [sim:error_after=K], [sim:cached=N]
-(else the prefix cache's hit on the prompt ids), and sim.py's timing and failures;
-a last tool message gets "tool said: ...". gpt-oss ends a turn at its first
-<|call|>: all calls but the last end with <|end|>.
+top-level fields of the developer message's tool types; without a marker, the function
+the message mentions by a word of its name or description, backends/sim_tools.py),
+[sim:builtin=browser.search|python], [sim:preamble] (commentary before the final),
+[sim:garbage=N] (N random ids, <|return|>), [sim:chunk=N] ids per frame,
+[sim:error_after=K], [sim:cached=N] (else the prefix cache's hit on the prompt ids),
+and sim.py's timing and failures; a last tool message gets "tool said: ...". gpt-oss
+ends a turn at its first <|call|>: all calls but the last end with <|end|>.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp import web
 from openai_harmony import HarmonyEncodingName, Role, load_harmony_encoding
 
 from backends.sim_script import SimError, error_body, generate_tokens, int_marker, parse_markers
+from backends.sim_tools import TEXT_MARKERS, mentioned_function
 
 END, RETURN, CALL = 200007, 200002, 200012  # <|end|>; <|return|>, <|call|>: gpt-oss's eos ids
 VOCAB_SIZE = 201088  # o200k_harmony
@@ -57,6 +59,7 @@ class PromptInfo:
     user_text: str = ""
     tool_output: str | None = None  # the prompt's last message is a tool's
     functions: dict[str, dict] = field(default_factory=dict)  # name -> arguments
+    descriptions: dict[str, str] = field(default_factory=dict)  # name -> its // comment
 
 
 def read_prompt(enc, ids: list[int]) -> PromptInfo:
@@ -72,7 +75,7 @@ def read_prompt(enc, ids: list[int]) -> PromptInfo:
         if m.author.role == Role.USER:
             info.user_text = text
         elif m.author.role == Role.DEVELOPER:
-            info.functions = function_args(text)
+            info.functions, info.descriptions = function_args(text), function_descriptions(text)
         info.tool_output = text if m.author.role == Role.TOOL else None
     return info
 
@@ -99,6 +102,24 @@ def function_args(developer: str) -> dict[str, dict]:
     return out
 
 
+def function_descriptions(developer: str) -> dict[str, str]:
+    """The `// ...` lines right above each `type NAME = ...` of the `functions` namespace."""
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    inside = False  # in a type's argument block, whose `//` lines describe its fields
+    for s in (line.strip() for line in developer.splitlines()):
+        if inside:
+            inside = not s.startswith("}) => any;")
+        elif s.startswith("//"):
+            pending.append(s[2:].strip())
+        elif m := _TYPE_RE.match(s):
+            out[m.group(1)] = " ".join(pending)
+            inside, pending = bool(m.group(2)), []
+        else:
+            pending = []
+    return out
+
+
 def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int) -> list[int]:
     """The whole answer as harmony ids, before any cut. The prompt ends with
     `<|start|>assistant`, so the first message starts at <|channel|>."""
@@ -117,9 +138,12 @@ def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int) -> lis
         msgs.append(f"<|channel|>final<|message|>tool said: {info.tool_output}<|return|>")
     if "preamble" in markers:
         msgs.append(f"<|channel|>commentary<|message|>{words(3, b'p')}<|end|>")
+    names = [name for name in (markers.get("call") or "").split(",") if name]
+    if not names and not (TEXT_MARKERS | {"builtin"}) & markers.keys() and info.tool_output is None:  # a mention
+        mentioned = mentioned_function(info.user_text, {n: info.descriptions.get(n) for n in info.functions})
+        names = [mentioned] if mentioned is not None else []
     calls = [f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
-             + orjson.dumps(info.functions.get(name, {})).decode()
-             for name in filter(None, (markers.get("call") or "").split(","))]
+             + orjson.dumps(info.functions.get(name, {})).decode() for name in names]
     query = re.sub(r"\[sim:[^\]]*\]", "", info.user_text).strip() or "sim"
     calls += [f"<|channel|>analysis to={name} code<|message|>" + _builtin_args(name, query)  # gpt-oss's built-in form
               for name in filter(None, (markers.get("builtin") or "").split(","))]

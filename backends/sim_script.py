@@ -13,10 +13,12 @@ import math
 import re
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from backends.sim_tools import TEXT_MARKERS, mentioned_function
 
 VOCAB = tuple("the router streams tokens from a simulated worker while clients wait for answers "
               "and every request finds its pool quickly models think about cache prefix latency "
@@ -74,6 +76,7 @@ class Options:
     response_format: dict | None  # json_object / json_schema only
     logprobs: bool
     top_logprobs: int
+    descriptions: dict[str, str | None] = field(default_factory=dict)  # name -> description, request order
 
 
 @dataclass
@@ -235,6 +238,7 @@ def read_options(body: dict) -> Options:
     """Validate the output-shaping fields like the engines' request models do
     (vLLM ChatCompletionRequest validators; SGLang protocol.py)."""
     tools: dict[str, object] = {}
+    descriptions: dict[str, str | None] = {}
     for tool in body.get("tools") or ():
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
@@ -242,6 +246,8 @@ def read_options(body: dict) -> Options:
             raise SimError(400, "Each tool must be {'type': 'function', 'function': {'name'}}.",
                            "tools")
         tools[fn["name"]] = fn.get("parameters")
+        description = fn.get("description")
+        descriptions[fn["name"]] = description if isinstance(description, str) else None
     raw = body.get("tool_choice") or "auto"
     fn = raw.get("function") if isinstance(raw, dict) else None
     named = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
@@ -271,7 +277,7 @@ def read_options(body: dict) -> Options:
         raise SimError(400, "'chat_template_kwargs' must be an object.", "chat_template_kwargs")
     return Options(tools, choice, named, body.get("parallel_tool_calls") is not False,
                    fmt if kind in ("json_object", "json_schema") else None, bool(logprobs),
-                   top or 0)
+                   top or 0, descriptions)
 
 
 def call_id(engine: str) -> str:
@@ -285,17 +291,23 @@ def call_id(engine: str) -> str:
 def pick_calls(messages: list[dict], markers: dict[str, str | None],
                opts: Options) -> tuple[list[str], str]:
     """The tools this turn calls and how they were chosen. A turn that answers
-    a tool message, or tool_choice "none", never calls."""
+    a tool message, or tool_choice "none", never calls. Markers first; else the
+    function the last user message mentions (backends/sim_tools.py), unless a
+    marker scripts the text; else, for tool_choice "required", the first one."""
     if opts.tool_choice == "none" or messages[-1].get("role") == "tool":
         return [], "auto"
     if opts.named is not None:
         return [opts.named], "named"
     raw = markers.get("call")
+    mentioned = None if raw or TEXT_MARKERS & markers.keys() else mentioned_function(
+        last_user_text(messages), {name: opts.descriptions.get(name) for name in opts.tools})
     if raw:
         names = [n for n in raw.split(",") if n]
         unknown = [n for n in names if n not in opts.tools]
         if unknown:
             raise SimError(400, f"Tool '{unknown[0]}' has not been passed in `tools`.", "tools")
+    elif mentioned is not None:
+        names = [mentioned]
     elif opts.tool_choice == "required":
         names = [next(iter(opts.tools))]
     else:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import backends.sim as sim
+import backends.sim_plan as sim_plan
 from backends.sim_script import message_text
 
 MARK = "CODE:"
-_build = sim.build_script
+_build = sim_plan.build_script
 
 
 def build_script(engine: str, body: dict, messages: list[dict], markers: dict[str, str | None], opts: Any,
@@ -27,7 +28,7 @@ def build_script(engine: str, body: dict, messages: list[dict], markers: dict[st
     return _build(engine, body, messages, markers, opts, default_tokens, limit)
 
 
-sim.build_script = build_script
+sim_plan.build_script = build_script  # plan_request's lookup
 
 if __name__ == "__main__":
     sim.main()

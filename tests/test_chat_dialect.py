@@ -166,3 +166,24 @@ def _merge(deltas):  # type: ignore[no-untyped-def]
         else:
             out.append((kind, d.text))
     return out
+
+
+def test_max_output_tokens_within_the_context_and_the_room() -> None:
+    """At most the pool's context goes out (vLLM clamps below it itself); the room an engine names caps it
+    further, and uncapping (a shorter prompt) gives the context's bound back."""
+    items = normalize_input("hi")
+
+    def chat_turn(max_output_tokens: int | None, context: int | None) -> ChatTurn:
+        req = CreateResponse(model="m", input="hi", max_output_tokens=max_output_tokens)
+        return ChatTurn(req, build_toolset([], "auto"), DEFAULT_OPTIONS, model="m", path="/p", context_length=context)
+
+    huge = chat_turn(100000, 4096)
+    assert huge.request(items, stream=False)["max_tokens"] == 4096
+    assert huge.cap_output(4000) is True and huge.request(items, stream=True)["max_tokens"] == 4000
+    assert huge.cap_output(4000) is False  # the same room again: nothing new to send
+    assert huge.cap_output(None) is True and huge.max_tokens == 4096
+    small = chat_turn(50, 4096)
+    assert small.request(items, stream=False)["max_tokens"] == 50 and small.cap_output(4000) is False
+    assert chat_turn(100000, None).max_tokens == 100000  # context unknown: sent as asked, capped on the engine's word
+    unset = chat_turn(None, 4096)
+    assert "max_tokens" not in unset.request(items, stream=False) and unset.cap_output(10) is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -269,17 +270,20 @@ def small_context(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 
 def test_truncation_auto_drops_the_oldest_turns(small_context: openai.OpenAI) -> None:
     previous = None
-    for turn in range(12):
-        # max_output_tokens makes prompt + budget overflow before the answer could be cut short.
-        response = small_context.responses.create(model="small", input=f"turn {turn}", previous_response_id=previous,
-                                                  truncation="auto", max_output_tokens=20)
+    for turn in range(20):  # 10 tokens a turn: past the 150-token context by the 15th
+        # One-token answers: only a prompt past the context itself cuts one (a max_output_tokens above the
+        # room left is clamped to it, never a reason to drop turns).
+        response = small_context.responses.create(model="small", input=f"turn {turn} [sim:tokens=1]",
+                                                  previous_response_id=previous, truncation="auto", max_output_tokens=20)
         assert response.status == "completed" and response.truncation == "auto"
+        assert response.usage is not None and response.usage.input_tokens < 150
         previous = response.id
     echo = small_context.responses.create(model="small", input="what do you see [sim:echo]", previous_response_id=previous,
                                           truncation="auto", max_output_tokens=60)
-    seen = [m["content"] for m in json.loads(echo.output_text) if m["role"] == "user"]
-    assert seen[-1] == "what do you see [sim:echo]" and "turn 11" in seen
-    assert "turn 0" not in seen, "the oldest turns should have been dropped from the prompt"
+    # The oldest turns went until the prompt fit; the echo of the rest fills the room left, cut there.
+    assert echo.status == "incomplete" and echo.usage is not None and echo.usage.total_tokens == 150
+    first = re.match(r'\[\{"role":"user","content":"turn (\d+) ', echo.output_text)
+    assert first is not None and int(first.group(1)) > 0, "the oldest turns should have been dropped from the prompt"
     # The store still has the whole chain: truncation only shapes the prompt.
     assert small_context.responses.retrieve(previous).previous_response_id is not None
     with pytest.raises(openai.BadRequestError) as err:

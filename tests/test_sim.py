@@ -191,11 +191,29 @@ def test_errors_vllm(vllm):  # noqa: F811
     status, body = vllm.chat({})
     assert status == 400 and body["error"]["param"] == "messages"
 
+    # vLLM 0.32's words (renderers/params.py, v1/engine/input_processor.py): max_tokens above the
+    # context is a 400 whatever the prompt; below it, clamped to the room the prompt leaves.
     status, body = vllm.chat({"messages": user("hi"), "max_tokens": 5000})
-    assert status == 400 and body["error"]["param"] == "max_tokens"
-    assert "maximum context length" in body["error"]["message"]
+    assert status == 400 and body["error"] == {
+        "message": "max_tokens=5000 cannot be greater than max_model_len=4096. Please request fewer output tokens. "
+                   "(parameter=max_tokens, value=5000)", "type": "BadRequestError", "param": "max_tokens", "code": 400}
+    status, body = vllm.chat({"messages": user("hi"), "max_completion_tokens": 4097})
+    assert status == 400 and body["error"]["param"] == "max_completion_tokens"
+    assert body["error"]["message"].startswith("max_completion_tokens=4097 cannot be greater than max_model_len=4096.")
+    long = user("w " * 4080)  # 4080 words + 6 template tokens: 10 left of the 4096
+    status, body = vllm.chat({"messages": long, "max_tokens": 4096})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == 4086 and body["usage"]["completion_tokens"] == 10
     status, body = vllm.chat({"messages": user("w " * 5000)})
-    assert status == 400 and "maximum context length" in body["error"]["message"]
+    assert status == 400 and body["error"] == {
+        "message": "This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 "
+                   "input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+                   "of the input prompt. (parameter=input_tokens, value=4097)",
+        "type": "BadRequestError", "param": "input_tokens", "code": 400}
+    status, body = vllm.chat({"messages": user("w " * 4090)})  # exactly the context: no room for one token
+    assert status == 400 and body["error"]["param"] is None
+    assert body["error"]["message"].startswith("The decoder prompt (length 4096) plus the number of requested output "
+                                               "tokens (at least 1) is longer than the maximum model length of 4096.")
 
 
 def test_metrics_and_slot_release(vllm):  # noqa: F811
@@ -274,6 +292,18 @@ def test_sglang_errors_and_metrics(sglang):  # noqa: F811
     assert status == 400
     assert body == {"object": "error", "message": "The model `other` does not exist.",
                     "type": "BadRequestError", "param": "model", "code": 400}
+    # SGLang's words (tokenizer_manager.py _validate_one_request): prompt + max_tokens must stay below the context.
+    status, body = sglang.chat({"model": "sg-model", "messages": user("hi"), "max_tokens": 4090})
+    assert status == 400 and body == {
+        "object": "error", "message": "Requested token count exceeds the model's maximum context length of 4096 "
+        "tokens. You requested a total of 4097 tokens: 7 tokens from the input messages and 4090 tokens for the "
+        "completion. Please reduce the number of tokens in the input messages or the completion to fit within the "
+        "limit.", "type": "BadRequestError", "param": None, "code": 400}
+    status, body = sglang.chat({"model": "sg-model", "messages": user("hi"), "max_tokens": 4088})
+    assert status == 200 and body["usage"]["completion_tokens"] > 0
+    status, body = sglang.chat({"model": "sg-model", "messages": user("w " * 4090)})
+    assert status == 400 and body["message"] == ("The input (4096 tokens) is longer than the model's context length "
+                                                 "(4096 tokens).") and body["param"] is None
     status, body = sglang.chat({"model": "sg-model", "messages": user("[sim:status=503]")})
     assert status == 503 and body["object"] == "error" and body["message"] == "simulated failure"
     m = sglang.metrics()

@@ -191,14 +191,18 @@ def _tool_content(output: str | list[Item], options: ChatOptions) -> str | list[
 
 
 def build_request(
-    req: CreateResponse, messages: list[dict[str, Any]], tools: ToolSet, options: ChatOptions, *, model: str, stream: bool
+    req: CreateResponse, messages: list[dict[str, Any]], tools: ToolSet, options: ChatOptions, *, model: str, stream: bool,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The chat-completions body for one turn: every Responses setting mapped or refused, none dropped."""
+    """The chat-completions body for one turn: every Responses setting mapped or refused, none dropped.
+    ``max_tokens``: ``max_output_tokens`` as clamped to the context (``ChatTurn``); default, as sent."""
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if req.max_output_tokens is not None:
-        body["max_tokens"] = req.max_output_tokens
+    if max_tokens is None:
+        max_tokens = req.max_output_tokens
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     if req.temperature is not None:
         body["temperature"] = req.temperature
     if req.top_p is not None:
@@ -246,11 +250,20 @@ def _reasoning_switch(body: dict[str, Any], effort: str | None, options: ChatOpt
 
 
 class ChatTurn:
-    """One response over a chat pool: the request, and chunks -> deltas (the per-request parsing state)."""
+    """One response over a chat pool: the request, and chunks -> deltas (the per-request parsing state).
 
-    def __init__(self, req: CreateResponse, tools: ToolSet, options: ChatOptions, *, model: str, path: str) -> None:
+    ``max_output_tokens`` is clamped to the context as the engines' own Responses servers do,
+    ``min(max_output_tokens, context - prompt)``: the router does not count a chat prompt's tokens,
+    so it sends at most the pool's context (``context_length``; vLLM clamps below it itself), and
+    where the engine answers that the rest does not fit, with the prompt's count, the call is sent
+    again capped to the room it names (``cap_output``, turns/upstream.py)."""
+
+    def __init__(self, req: CreateResponse, tools: ToolSet, options: ChatOptions, *, model: str, path: str,
+                 context_length: int | None = None) -> None:
         self.path = path
         self._req = req
+        self._context_length = context_length
+        self._cap: int | None = None  # the room the engine named for this prompt
         self._tools = tools
         self._options = options
         self._model = model
@@ -264,7 +277,24 @@ class ChatTurn:
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         messages = to_messages(items, self._req.instructions, self._options)
-        return build_request(self._req, messages, self._tools, self._options, model=self._model, stream=stream)
+        return build_request(self._req, messages, self._tools, self._options, model=self._model, stream=stream,
+                             max_tokens=self.max_tokens)
+
+    @property
+    def max_tokens(self) -> int | None:
+        """What goes out as ``max_tokens``: ``max_output_tokens`` within the context and the engine's room."""
+        limit = self._req.max_output_tokens
+        for bound in (self._context_length, self._cap):
+            if bound is not None and limit is not None:
+                limit = min(limit, bound)
+        return limit
+
+    def cap_output(self, room: int | None) -> bool:
+        """Cap ``max_tokens`` to the room the engine said the prompt leaves (None: uncapped again, for a
+        shorter prompt); True when that changes what is sent."""
+        before = self.max_tokens
+        self._cap = room
+        return self.max_tokens != before
 
     def end(self) -> list[Delta]:
         out: list[Delta] = []

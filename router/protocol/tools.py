@@ -82,6 +82,7 @@ class ToolSet:
     by_engine_name: dict[str, OfferedTool] = field(default_factory=dict)
     # mcp tools of the request, by server label; their tools are offered once listed.
     mcp: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mcp_where: dict[str, str] = field(default_factory=dict)  # server label -> the tool's place in the request, "tools[i]"
     mcp_choice: dict[str, Any] | None = None  # a tool_choice naming an mcp tool, resolved after listing
 
     def lookup(self, engine_name: str) -> OfferedTool | None:
@@ -154,6 +155,7 @@ def build_toolset(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
                 raise InvalidRequest(f"two mcp tools share the server_label {label!r}", param=f"{where}.server_label")
             _check_mcp(tool, where)
             toolset.mcp[label] = tool
+            toolset.mcp_where[label] = where
         elif kind not in BUILTIN_TYPES:
             raise InvalidRequest(f"tool type {kind!r} is not supported", param=f"{where}.type", code="unsupported_tool_type")
     toolset.choice = _choice(tool_choice, toolset)

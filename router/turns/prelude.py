@@ -79,8 +79,8 @@ def build_prelude(toolset: ToolSet, tools: RouterTools | None, history: list[Ite
     if tools is None:
         raise InvalidRequest("this router runs no tools", param="tools")
     servers = {}
-    for i, (label, spec) in enumerate(toolset.mcp.items()):
-        servers[label] = tools.mcp_server(spec, f"tools[{i}]")
+    for label, spec in toolset.mcp.items():
+        servers[label] = tools.mcp_server(spec, toolset.mcp_where[label])  # its index among all the request's tools
     requests = {item["id"]: item for item in history + input_items if item["type"] == "mcp_approval_request"}
     approvals = []
     for i, answer in answers:

@@ -28,4 +28,5 @@ class ModelRoute:
             return HarmonyTurn(req, tools, self.harmony, engine=self.pool.engine.name,
                                context_length=self.pool.max_model_len, request_id=request_id, model=self.pool.model,
                                use_completions=self.pool.no_generate)
-        return ChatTurn(req, tools, self.chat, model=self.pool.model, path=self.pool.engine.chat_path)
+        return ChatTurn(req, tools, self.chat, model=self.pool.model, path=self.pool.engine.chat_path,
+                        context_length=self.pool.max_model_len)

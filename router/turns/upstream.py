@@ -1,10 +1,13 @@
 """One model turn's worker call, and its failures mapped to what the client sees.
 
 The pool's worker call (backends/calls.py) picks the worker, retries before
-the first byte and says whose fault a failure is. Here: with ``truncation:
-auto`` a prompt the worker says is too long loses its oldest turn and is sent
-again; a pool whose vLLM has no token-level generate endpoint falls back to
-chat; failures come out as APIError.
+the first byte and says whose fault a failure is. Here: a ``max_tokens`` the
+worker says is too large for the room the prompt leaves is capped to that room
+and sent again (the engines' own Responses servers clamp it so); with
+``truncation: auto`` a prompt the worker says is too long by itself loses its
+oldest turn and is sent again (a too large ``max_tokens`` never drops a turn);
+a pool whose vLLM has no token-level generate endpoint falls back to chat;
+failures come out as APIError.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError
-from backends.engines import is_context_overflow
+from backends.engines import is_context_overflow, output_room
 from backends.errors import NoHealthyWorker, WorkerRequestFailed
 from backends.pools import Pool, Worker
 from router.dialects.turn import DialectTurn
@@ -21,6 +24,10 @@ from router.protocol.errors import APIError, InvalidRequest, NoCapacity, Upstrea
 from router.protocol.items import Item
 
 log = logging.getLogger("router.turns")
+
+# Calls sent again with max_tokens capped, per model turn: an engine names the room at the first
+# answer; a second covers a wording that gives only a bound (vLLM's count of characters).
+MAX_CAPS = 2
 
 
 class Upstream:
@@ -43,6 +50,7 @@ class Upstream:
 
     async def _request(self, turn: DialectTurn, items: list[Item], *, stream: bool) -> tuple[Any, list[Item]]:
         client = self.pool.client
+        caps = 0
         while True:
             body = turn.request(items, stream=stream)
             path = turn.path
@@ -57,11 +65,19 @@ class Upstream:
                     log.warning("pool %s: no token-level generate endpoint, using %s", self.pool.name, turn.path)
                     self.pool.no_generate = True
                     continue
+                room = output_room(exc.status, exc.message)
+                cap = getattr(turn, "cap_output", None)
+                if room is not None and cap is not None and caps < MAX_CAPS and cap(room):
+                    log.info("pool %s: max_tokens capped to the %d tokens the prompt leaves", self.pool.name, room)
+                    caps += 1
+                    continue
                 if self.truncate and is_context_overflow(exc.status, exc.message):
                     shorter = drop_oldest_turn(items)
                     if shorter is not None:
                         log.info("pool %s: prompt too long, dropped the oldest turn", self.pool.name)
                         items = shorter
+                        if cap is not None:
+                            cap(None)  # a shorter prompt leaves more room
                         continue
                 raise api_error(exc) from None
             except WorkerError as exc:
@@ -111,6 +127,9 @@ def api_error(exc: WorkerError) -> APIError:
         if is_context_overflow(exc.status, exc.message):
             return InvalidRequest(f"The input is too long for the model: {exc.message}", param="input",
                                   code="context_length_exceeded")
+        if output_room(exc.status, exc.message) is not None:  # left uncapped (no room to cap to, caps used up)
+            return InvalidRequest(f"max_output_tokens does not fit the model's context: {exc.message}",
+                                  param="max_output_tokens", code="upstream_rejected")
         if isinstance(exc, WorkerRequestFailed):
             what = f"the request failed on {exc.workers} workers, each answering {exc.status}: {exc.message}"
             if exc.says_bad_request:
