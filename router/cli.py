@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"responses-router: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    logging.basicConfig(
-        level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    from router.api import access
+
+    access.configure(config.server.log_level, config.server.log_format, access_log=config.server.access_log)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     _run(_serve(config, Path(args.config).resolve().parent, host, port))
@@ -188,7 +188,8 @@ async def _serve(config: Config, base_dir: Path, host: str, port: int) -> None:
             uvicorn.Config(
                 # proxy_headers off: nothing here reads the client's address, and it is one ASGI layer per request
                 router.app, host=host, port=port, http=RouterHttpProtocol.with_limits(limits), ws=RouterWebSocketProtocol, lifespan="off",
-                access_log=False,
+                access_log=False,  # the router writes its own (router/api/access.py)
+                log_config=None,  # uvicorn's lines go through the router's logging, in its format
                 proxy_headers=False,
                 # uvicorn annotates int, but the value is asyncio.wait_for's timeout: a float is what it takes
                 log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,  # type: ignore[arg-type]

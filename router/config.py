@@ -27,6 +27,10 @@ class ServerConfig(_Section):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Every log line as text (a terminal) or as one JSON object (a log pipeline): router/api/access.py.
+    log_format: Literal["text", "json"] = "text"
+    # One line per request (and WebSocket response.create) at info, on the logger router.access.
+    access_log: bool = True
     # WebSocket connections to /v1/responses are closed (code 1000) after this long.
     websocket_max_age_s: float = Field(3600.0, gt=0)
     # On SIGTERM, requests and background responses running get this long to finish; then a stream

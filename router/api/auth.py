@@ -7,6 +7,7 @@ import hmac
 
 from starlette.requests import HTTPConnection
 
+from router.api import access
 from router.protocol.errors import Unauthorized
 
 ANONYMOUS = ""
@@ -40,4 +41,7 @@ class Authenticator:
                 found = name
         if not found:
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+        record = access.current()
+        if record is not None:
+            record.key = found  # the key's name, for the access line
         return found

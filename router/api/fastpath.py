@@ -26,8 +26,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from router.api import access
 from router.api.http import Body, Headers, error_body, read_raw
 from router.protocol.errors import APIError, internal_error
+from router.protocol.ids import request_id
 
 log = logging.getLogger("router.api")
 
@@ -77,7 +79,24 @@ class FastPath:
         self.hot_by_target = {path.encode("ascii"): route for path, route in hot_routes.items()}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        route = self.hot_routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if scope["type"] != "http":  # a WebSocket: its frames write their own access lines
+            await self.app(scope, receive, send)
+            return
+        rid = (scope.get("extensions") or {}).get("router.request_id") or request_id()
+        record = access.begin(scope["method"], scope["path"], rid)
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                record.answered(message["status"])
+            await send(message)
+
+        try:
+            await self._answer(scope, receive, sending)
+        finally:
+            access.end(record)
+
+    async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        route = self.hot_routes.get(scope["path"]) if scope["method"] == "POST" else None
         if route is None:
             await self.app(scope, receive, send)
             return

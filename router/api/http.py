@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from router.api import access
 from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge
 from router.protocol.requests import UNSUPPORTED
 
@@ -58,11 +59,14 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 
 
 def error_body(error: APIError, headers: dict[str, str] | None = None) -> Body:
+    """The error as the request's answer (its code goes on the request's access line)."""
+    access.failed(error)
     return Body(orjson.dumps(error.body()), error.status, headers=headers)
 
 
 def error_response(error: APIError) -> Response:
     """A Starlette Response, which the WebSocket handshake's denial also accepts."""
+    access.failed(error)
     return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
 
 

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from backends.calls import WorkerCall
 from backends.client import WorkerError
 from backends.errors import NoHealthyWorker
+from router.api import access
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
 from router.api.http import Body, Headers, decode_request, read_raw
@@ -69,6 +70,9 @@ class PassthroughAPI:
             raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
         key = str(body.get("user") or body.get("safety_identifier") or os.urandom(8).hex())
         pool = target.route(key, None, prefix_key=None).route.pool
+        record = access.current()
+        if record is not None:
+            record.model, record.pool = target.name, pool.name
         body["model"] = pool.model
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
@@ -79,6 +83,8 @@ class PassthroughAPI:
             raise no_capacity(target.name, exc) from None
         except WorkerError as exc:  # what relay can raise: unreachable or broken, on every worker tried
             raise api_error(exc) from None
+        if record is not None and call.last is not None:
+            record.worker = call.last.url
         if body.get("stream"):
             return StreamBody(_Relayed(answer.chunks(), call), status=answer.status, media_type=answer.content_type)
         try:

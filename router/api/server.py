@@ -45,6 +45,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from router.api import access
 from router.api.coalesce import HeadHoldingTransport
 from router.api.connections import ConnectionGuard, ConnectionLimits, Phase, refusal
 from router.api.fastpath import HotRoute, answer, refused_body
@@ -116,6 +117,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
         cap = self.guard.limits.max_connections
         error = APIError(f"The router has too many open connections ({cap}); try again shortly.", status=503,
                          code="too_many_connections")
+        access.log.debug("connection refused: 503 too_many_connections (cap %d)", cap)
         self.raw.write(refusal(error, self.server_state.default_headers))
         if self.raw.can_write_eof():
             self.raw.write_eof()
@@ -145,7 +147,10 @@ class RouterHttpProtocol(HttpToolsProtocol):
                                   "waited longest for its request.", status=503, code="too_many_connections"))
 
     def _end(self, phase: Phase, error: APIError) -> None:
-        """Close now, with ``error`` as the answer when the request waited for has none yet."""
+        """Close now, with ``error`` as the answer when the request waited for has none yet. Not a
+        request's access line (none came, or not all of it): a debug line, so a flood of stalled
+        connections cannot flood the log."""
+        access.log.debug("connection closed waiting for a request's %s: %d %s", phase, error.status, error.code)
         cycle = self.cycle
         if phase == "head":
             answer_now = cycle is None or cycle.response_complete
@@ -207,8 +212,8 @@ class RouterHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self.guard.phase(self) != "head":  # after an idle keep-alive: the head's term starts with its first byte
             self.guard.expect(self, "head", self.loop)
-        # ASGI types an extension's value as a dict; the router's own extension is its writer
-        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer}  # type: ignore[dict-item]
+        # ASGI types an extension's value as a dict; the router's own extensions: its writer, the request's id
+        self.scope["extensions"] = {"router.chunk_writer": self.chunk_writer, "router.request_id": request_id()}  # type: ignore[dict-item]
 
     def on_headers_complete(self) -> None:
         self.guard.expect(self, "body", self.loop)
@@ -218,7 +223,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
             super().on_headers_complete()
             cycle = self.cycle
             if cycle is not None and cycle.scope is self.scope:  # this request's (an upgrade makes none)
-                cycle.default_headers = [*cycle.default_headers, _request_id_header()]
+                cycle.default_headers = [*cycle.default_headers, _request_id_header(self.scope)]
             return
         http_version = parser.get_http_version()
         scope = self.scope
@@ -313,7 +318,8 @@ class HotCycle(RequestResponseCycle):
         super().__init__(
             scope=protocol.scope, transport=protocol.transport, flow=protocol.flow, logger=protocol.logger,
             access_logger=protocol.access_logger, access_log=protocol.access_log,
-            default_headers=[*protocol.server_state.default_headers, _request_id_header()], message_event=asyncio.Event(),
+            default_headers=[*protocol.server_state.default_headers, _request_id_header(protocol.scope)],
+            message_event=asyncio.Event(),
             expect_100_continue=protocol.expect_100_continue, keep_alive=keep_alive,
             on_response=protocol.on_response_complete,
         )
@@ -323,7 +329,10 @@ class HotCycle(RequestResponseCycle):
         self.too_large = False
 
     async def run_asgi(self, app: Any) -> None:
-        """The handler's answer: a Body written here, a stream run through uvicorn's cycle."""
+        """The handler's answer: a Body written here, a stream run through uvicorn's cycle. Its
+        access line is written once the answer has ended (router/api/access.py)."""
+        scope: Any = self.scope  # uvicorn types its extensions' values as dicts; the router's id is a str
+        record = access.begin("POST", scope["path"], scope["extensions"]["router.request_id"])
         try:
             if self.too_large:
                 # uvicorn types scope["headers"] as an iterable; its httptools protocol makes it a list
@@ -345,12 +354,18 @@ class HotCycle(RequestResponseCycle):
                 self._write(error_body(internal_error()))
         finally:
             self.on_response = lambda: None
+            if self.disconnected and not self.response_complete:
+                record.error = record.error or "client_disconnected"
+            access.end(record)
 
     def _write(self, response: Body) -> None:
         """Head and body in one write (the base class's ``send`` does two and checks each header)."""
         if self.disconnected:
             return
         self.response_started = True
+        record = access.current()
+        if record is not None:
+            record.answered(response.status_code)
         parts = [STATUS_LINE[response.status_code]]
         for name, raw in self.default_headers:  # date and server, as uvicorn sends them
             parts += (name, b": ", raw, b"\r\n")
@@ -374,10 +389,10 @@ class HotCycle(RequestResponseCycle):
         self.on_response()
 
 
-def _request_id_header() -> tuple[bytes, bytes]:
+def _request_id_header(scope: Any) -> tuple[bytes, bytes]:
     """``x-request-id``, new for every request, as OpenAI sends it: the SDK's ``_request_id``,
-    what a user quotes when something went wrong."""
-    return b"x-request-id", request_id().encode("ascii")
+    what a user quotes when something went wrong (and what its access line names)."""
+    return b"x-request-id", scope["extensions"]["router.request_id"].encode("ascii")
 
 
 class RouterWebSocketProtocol(WebSocketsSansIOProtocol):

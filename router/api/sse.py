@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from router.api import access
+
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -84,6 +86,9 @@ class StreamBody:
         write = chunk_writer(scope, encode) if chunk_writer is not None else None
         if write is not None and self.attach is not None:
             self.attach(write)
+        record = access.current()
+        if record is not None:
+            record.answered(self.status_code)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
             async for item in source:

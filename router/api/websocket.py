@@ -45,9 +45,11 @@ from pydantic import ValidationError
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from router.api import access
 from router.api.auth import Authenticator
 from router.api.http import error_response, validation_error
 from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, internal_error
+from router.protocol.ids import request_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import usage_object
@@ -321,14 +323,19 @@ class _Connection:
                 if self.closing:
                     await self._closing_error(sid)
                     continue
+                record = access.begin("WS", "/v1/responses", request_id())  # one access line per response.create
+                record.key = self.owner or None
                 try:
                     await self._respond(frame, sid)
                 except (WebSocketDisconnect, asyncio.CancelledError):
+                    record.error = record.error or "client_disconnected"
                     raise
                 except Exception:  # keep the connection usable after a bug in one response
                     log.exception("websocket: response.create failed")
                     _evict_from(frame, self.cache)
                     await self._error(internal_error(), sid)
+                finally:
+                    access.end(record)
         except WebSocketDisconnect:
             pass
         finally:
@@ -347,9 +354,14 @@ class _Connection:
         view = CachedStore(api.store, self.cache)
         try:
             req, generate = _parse_create(frame)
+            record = access.current()
+            if record is not None:
+                record.model = req.model
             extra = {"sealer": api.sealer} if api.sealer is not None else {}
             run = await prepare(req, self.owner, store=view, models=api.models, ttl_s=api.ttl_s,
                                 router_tools=api.router_tools, metrics=api.metrics, **extra)
+            if record is not None:
+                record.run = run
             if generate:
                 maybe_mirror(api.models[req.model], run)
                 await run.open_stream()
@@ -405,10 +417,17 @@ class _Connection:
         await self._send(event, sid)
 
     async def _error(self, exc: APIError, sid: str | None) -> None:
+        record = access.current()
+        if record is not None:
+            record.answered(exc.status)
+            access.failed(exc)
         await self._send({"type": "error", "status": exc.status, "error": {
             "type": exc.type, "code": exc.code, "message": exc.message, "param": exc.param}}, sid)
 
     async def _send(self, event: Event, sid: str | None) -> None:
+        record = access.current()
+        if record is not None and record.first_byte is None:
+            record.answered(200)
         data = orjson.dumps(event)
         if sid is not None:
             data = data[:-1] + b',"stream_id":' + orjson.dumps(sid) + b"}"

@@ -1,0 +1,140 @@
+"""The access log: one line per request (and per WebSocket ``response.create``), at info, on the
+logger ``router.access``, once its answer has ended.
+
+The server opens a record as a request starts (``begin``), in the request's
+context; the layers that learn something fill it in as they go (the key's
+name, the model, the run that served it); the server ends it with the
+status and the time. Nothing of the body, and never a key, is in it.
+
+``[server] log_format`` chooses how every log line of the router is written:
+``text`` for a terminal (the access line as ``name=value`` pairs), ``json``
+for a log pipeline (one object per line, the access fields as its keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from contextvars import ContextVar
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("router.access")
+
+# The record of the request being answered in this context (a request's task, and the tasks it starts).
+_current: ContextVar[Access | None] = ContextVar("router_access", default=None)
+
+
+class Access:
+    """What one request did; filled in as it runs, written once as it ends."""
+
+    __slots__ = ("started", "request_id", "method", "path", "key", "model", "run", "status", "error", "first_byte",
+                 "pool", "worker", "response_id")
+
+    def __init__(self, method: str, path: str, request_id: str) -> None:
+        self.started = time.monotonic()
+        self.request_id = request_id
+        self.method = method
+        self.path = path
+        self.key: str | None = None  # the API key's name: never the key
+        self.model: str | None = None
+        self.run: Any = None  # router.turns.runner.ResponseRun: read once it has ended
+        self.status = 0
+        self.error: str | None = None  # the OpenAI error code of a 4xx/5xx
+        self.first_byte: float | None = None
+        self.pool: str | None = None  # a passthrough's (a run says its own)
+        self.worker: str | None = None
+        self.response_id: str | None = None
+
+    def answered(self, status: int) -> None:
+        """The answer's head went out now."""
+        self.status = status
+        if self.first_byte is None:
+            self.first_byte = time.monotonic()
+
+    def fields(self) -> dict[str, Any]:
+        """The line's fields, in order; absent ones are None."""
+        now = time.monotonic()
+        run, arm, pool, worker, rid = self.run, None, self.pool, self.worker, self.response_id
+        tokens_in = tokens_out = None
+        error = self.error
+        if run is not None:
+            served = run.served_by
+            arm, pool, worker = served.get("x-router-arm"), served.get("x-router-pool"), served.get("x-router-worker")
+            response = run.response
+            rid = response["id"]
+            usage = response.get("usage") or {}
+            tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
+            if error is None and response.get("status") == "failed":  # a stream's 200 that ended failed
+                error = (response.get("error") or {}).get("code")
+        return {
+            "request_id": self.request_id, "key": self.key, "method": self.method, "path": self.path,
+            "model": self.model, "arm": arm, "pool": pool, "worker": worker, "status": self.status, "error": error,
+            "response_id": rid, "response_status": run.response.get("status") if run is not None else None,
+            "input_tokens": tokens_in, "output_tokens": tokens_out,
+            "ttfb_ms": round((self.first_byte - self.started) * 1000, 1) if self.first_byte is not None else None,
+            "duration_ms": round((now - self.started) * 1000, 1),
+        }
+
+
+def begin(method: str, path: str, request_id: str) -> Access:
+    """A request starts in this context: its record, which ``current`` returns until it ends."""
+    access = Access(method, path, request_id)
+    _current.set(access)
+    return access
+
+
+def current() -> Access | None:
+    return _current.get()
+
+
+def end(access: Access) -> None:
+    """Write the request's line (when info is logged)."""
+    if log.isEnabledFor(logging.INFO):
+        fields = access.fields()
+        log.info(_text(fields), extra={"access": fields})
+
+
+def _text(fields: dict[str, Any]) -> str:
+    parts = [f"{fields['method']} {fields['path']} {fields['status']}"]
+    parts += [f"{name}={value}" for name, value in fields.items() if value is not None and name not in ("method", "path", "status")]
+    return " ".join(parts)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name}
+        access = getattr(record, "access", None)
+        if access is not None:
+            line.update((k, v) for k, v in access.items() if v is not None)
+        else:
+            line["message"] = record.getMessage()
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+def configure(level: str, log_format: str, *, access_log: bool = True) -> None:
+    """The router's logging: ``level`` for every logger (uvicorn's too: it is given no config of
+    its own), lines as ``log_format`` says (text or json), and the access lines or not."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    log.setLevel(logging.NOTSET if access_log else logging.WARNING)
+
+
+def failed(error: Any) -> None:
+    """The request is answered with ``error`` (an APIError): its code goes on the line."""
+    record = _current.get()
+    if record is not None:
+        record.error = getattr(error, "code", None) or getattr(error, "type", None) or "error"
