@@ -6,10 +6,14 @@ convenience matters more than microseconds. Not httpx: measured here,
 httpcore's pool scans every connection per request and costs ~10x more CPU
 per proxied request. Nothing here knows about Responses; errors are typed by
 what the router must do with them (backends/errors.py).
+
+Both ways use one TLS context per pool (``tls_context``: its CA bundle and client
+certificate), so a health check trusts exactly what a model call trusts.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,22 +28,76 @@ from backends.errors import (
     WorkerStreamError,
     WorkerUnavailable,
 )
-from backends.wire import Connection, Wire, WireLimits
+from backends.wire import Connection, Wire, WireLimits, connect_failure
 
-__all__ = ["RawAnswer", "SSEStream", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError", "WorkerStreamBroken",
-           "WorkerStreamError", "WorkerUnavailable"]
+__all__ = ["RawAnswer", "SSEStream", "TLSError", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError",
+           "WorkerStreamBroken", "WorkerStreamError", "WorkerUnavailable", "tls_context"]
+
+
+class TLSError(ValueError):
+    """A TLS file that cannot be used; ``key`` names the setting (tls_ca_file, tls_cert_file, tls_key_file)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def tls_context(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None) -> ssl.SSLContext:
+    """The context https workers are called with: certificates checked against ``ca_file`` (PEM;
+    None: the system's trust store) and their host names; the router's own certificate and key
+    (``cert_file`` may hold both) for workers that ask for one. TLSError says which file is wrong."""
+    ctx = ssl.create_default_context()
+    if ca_file is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks certificates and host names, as the default
+        try:
+            ctx.load_verify_locations(cafile=ca_file)
+        except OSError as exc:
+            raise TLSError("tls_ca_file", _tls_reason(ca_file, exc, "no PEM certificate in it")) from None
+    if cert_file is not None:
+        def no_passphrase() -> bytes:  # else OpenSSL would ask for one on the terminal, and start-up would wait
+            raise TLSError("tls_key_file" if key_file is not None else "tls_cert_file",
+                           f"{key_file or cert_file}: the key is encrypted; give it unencrypted (there is no passphrase setting)")
+
+        try:
+            ctx.load_cert_chain(cert_file, key_file, password=no_passphrase)
+        except TLSError:
+            raise
+        except OSError as exc:
+            key = "tls_key_file" if key_file is not None and _unreadable(key_file) else "tls_cert_file"
+            path = key_file if key == "tls_key_file" and key_file is not None else cert_file
+            what = "the key does not match the certificate, or one of them is no PEM" if isinstance(exc, ssl.SSLError) else ""
+            raise TLSError(key, _tls_reason(path, exc, what)) from None
+    return ctx
+
+
+def _unreadable(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return False
+    except OSError:
+        return True
+
+
+def _tls_reason(path: str, exc: OSError, bad_pem: str) -> str:
+    if isinstance(exc, ssl.SSLError):
+        return f"{path}: {bad_pem} ({exc.reason or exc})"
+    return f"cannot read {path}: {exc.strerror or exc}"
 
 
 class WorkerClient:
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0,
-                 limits: WireLimits | None = None) -> None:
+                 limits: WireLimits | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.limits = limits or WireLimits()
-        self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=self.limits)
+        self.tls = tls  # https workers: None, the system's trust store
+        self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=self.limits, tls=tls)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        # The wire's context, so a health check trusts exactly what a model call does (True: aiohttp's
+        # default, the system's trust store, as the wire's own default).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True,
+                                         ssl=self.tls if self.tls is not None else True)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
         )
@@ -64,6 +122,8 @@ class WorkerClient:
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return resp.status, await resp.read()
+        except aiohttp.ClientSSLError as exc:  # said as the wire says it (backends/wire.py connect_failure)
+            raise WorkerUnavailable(connect_failure(url, getattr(exc, "certificate_error", None) or exc.os_error)) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise WorkerUnavailable(f"{url}: {exc!r}") from exc
 

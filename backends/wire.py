@@ -15,6 +15,12 @@ out is WorkerStreamBroken. A kept-alive connection the worker closed while idle
 is the one exception: nothing came back on it, so the request goes once more
 on a fresh connection.
 
+TLS: an ``https://`` worker is spoken to over asyncio's TLS transport (port 443 unless the URL
+says), with the pool's ``ssl.SSLContext`` (its CA bundle and client certificate) or, without one,
+the system's trust store; the host name is checked against the certificate. A handshake that
+fails (a certificate not trusted, a plain-HTTP server on the port) is WorkerUnavailable, with
+a message that says so. Only the connect differs: the request path is the same for both.
+
 Limits (``WireLimits``, per pool): an answer read whole stops at ``max_answer_bytes``
 (a Content-Length above it is refused before any of the body is read) and a stream's
 first body byte must come within ``first_byte_timeout_s`` (a hung worker fails the
@@ -25,6 +31,7 @@ and WorkerTimedOut.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -314,11 +321,13 @@ class HostPool:
     """Idle keep-alive connections to one worker, last in first out."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, *,
-                 connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None) -> None:
+                 connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.loop = loop
         self.limits = limits or WireLimits()
         self.host, self.port = host, port
-        self.origin = f"http://{host}:{port}"
+        self.tls = tls  # https: the context its connections are made with
+        self.origin = f"{'https' if tls is not None else 'http'}://{host}:{port}"
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.idle: list[Connection] = []
@@ -333,9 +342,10 @@ class HostPool:
                 return conn, True
         try:
             _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: Connection(self), self.host, self.port), self.connect_timeout_s)
+                self.loop.create_connection(lambda: Connection(self), self.host, self.port, ssl=self.tls),
+                self.connect_timeout_s)
         except (TimeoutError, OSError) as exc:
-            raise WorkerUnavailable(f"{self.origin}: {exc!r}") from exc
+            raise WorkerUnavailable(connect_failure(self.origin, exc)) from exc
         return conn, False
 
     def put(self, conn: Connection) -> None:
@@ -351,14 +361,39 @@ class HostPool:
         self.idle.clear()
 
 
-class Wire:
-    """Connection pools per worker origin, and requests with prebuilt heads."""
+def connect_failure(origin: str, exc: BaseException) -> str:
+    """Why a connection to ``origin`` could not be made, in words an operator can act on."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (f"{origin}: TLS: the worker's certificate is not trusted ({exc.verify_message}); "
+                "[[pools]] tls_ca_file names the CA bundle that signs it")
+    if isinstance(exc, ssl.SSLError):
+        hint = " (is the worker serving plain http?)" if exc.reason == "WRONG_VERSION_NUMBER" else ""
+        return f"{origin}: TLS handshake failed: {exc.reason or exc}{hint}"
+    if isinstance(exc, TimeoutError):
+        return f"{origin}: no connection within the connect timeout"
+    return f"{origin}: {exc!r}"
 
-    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None) -> None:
+
+def origin_key(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a worker URL, the port defaulting as the scheme's (80, 443)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    return ("https" if https else "http", parts.hostname or "127.0.0.1", parts.port or (443 if https else 80))
+
+
+class Wire:
+    """Connection pools per worker origin, and requests with prebuilt heads.
+
+    ``tls``: the context of https workers' connections; None: the system's trust store, made when
+    the first https worker is called."""
+
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.limits = limits or WireLimits()
-        self._pools: dict[tuple[str, int], HostPool] = {}
+        self.tls = tls
+        self._pools: dict[tuple[str, str, int], HostPool] = {}
         self._heads: dict[tuple[str, bool], tuple[HostPool, bytes]] = {}
 
     def _target(self, url: str, sse: bool) -> tuple[HostPool, bytes]:
@@ -367,12 +402,18 @@ class Wire:
         if found is not None:
             return found
         parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        pool = self._pools.get((host, port))
+        origin = origin_key(url)
+        pool = self._pools.get(origin)
         if pool is None:
-            pool = self._pools[(host, port)] = HostPool(
-                asyncio.get_running_loop(), host, port,
-                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s, limits=self.limits)
+            tls = None
+            if origin[0] == "https":
+                if self.tls is None:
+                    self.tls = ssl.create_default_context()
+                tls = self.tls
+            pool = self._pools[origin] = HostPool(
+                asyncio.get_running_loop(), origin[1], origin[2],
+                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s, limits=self.limits,
+                tls=tls)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         accept = "Accept: text/event-stream\r\n" if sse else ""
         head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
@@ -403,10 +444,9 @@ class Wire:
             return conn
 
     def forget(self, origin: str) -> None:
-        """Close the idle connections to ``origin`` (``http://host:port``), and the busy ones as
+        """Close the idle connections to ``origin`` (``http(s)://host:port``), and the busy ones as
         their requests end: a worker taken out of service keeps no sockets open here."""
-        parts = urlsplit(origin)
-        pool = self._pools.pop((parts.hostname or "127.0.0.1", parts.port or 80), None)
+        pool = self._pools.pop(origin_key(origin), None)
         if pool is not None:
             pool.close()
             self._heads = {key: found for key, found in self._heads.items() if found[0] is not pool}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import ssl
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
-from backends.client import WireLimits
-from backends.launcher import ManagedWorker, WorkerSpec, free_ports, start_workers
+from backends.client import TLSError, WireLimits, WorkerClient, tls_context
+from backends.engines import LaunchOptions
+from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports, start_workers
 from backends.pools import Pool, Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
@@ -75,6 +78,18 @@ class RouterApp:
                 self.managed[cfg.name] = await self._launch(cfg, pool)
                 await pool.client.close()
             await pool.start()
+            await self._check_workers(cfg, pool)
+
+    async def _check_workers(self, cfg: PoolConfig, pool: Pool) -> None:
+        """One line per pool: what its workers say they serve, and what will not work (backends/launcher.py
+        ``check_pool``). A vLLM harmony pool whose workers lack the generate endpoint calls
+        /v1/completions from the first request on."""
+        line, ok, found = await check_pool(pool.client, pool.engine, pool.model, [w.url for w in pool.workers],
+                                           harmony=cfg.dialect == "harmony", context_length=cfg.context_length)
+        if cfg.dialect == "harmony" and pool.engine.name == "vllm" and any(f.generate is False for f in found):
+            pool.no_generate = True
+        kind = "managed" if cfg.managed is not None else "attached"
+        (log.info if ok else log.warning)("pool %s (%s, %s): %s", cfg.name, cfg.engine, kind, line)
 
     async def _purge_loop(self, ttl_s: int) -> None:
         """Expired responses already read as not found; this frees their space."""
@@ -121,6 +136,7 @@ class RouterApp:
         host = "127.0.0.1"
         ports = free_ports(*managed.port_range, managed.replicas, host)
         log_dir = self.base_dir / managed.log_dir if managed.log_dir else None
+        options = launch_options(cfg, self.base_dir)
         specs = [
             WorkerSpec(
                 engine=cfg.engine,
@@ -130,6 +146,7 @@ class RouterApp:
                 host=host,
                 env=managed.replica_env(i),
                 log_path=log_dir / f"{cfg.name}-{i}.log" if log_dir else None,
+                options=options,
             )
             for i in range(managed.replicas)
         ]
@@ -141,15 +158,54 @@ class RouterApp:
         return workers
 
 
-def _pool(cfg: PoolConfig) -> Pool:
+def launch_options(cfg: PoolConfig, base_dir: Path) -> LaunchOptions:
+    """What a managed pool's config says its engine must be started with (backends/engines.py
+    ``derived_flags``): derived for the engine's own command unless ``derive_flags`` says otherwise."""
+    managed = cfg.managed
+    assert managed is not None
+    python = managed.python
+    if not python:
+        python = sys.executable
+    elif "/" in python:  # a path, relative to the config file; a bare name is looked up on PATH
+        python = str(base_dir / python)
+    derive = managed.derive_flags if managed.derive_flags is not None else not managed.command
+    return LaunchOptions(
+        dialect=cfg.dialect, context_length=cfg.context_length,
+        tensor_parallel=len(managed.gpus) // managed.replicas if managed.gpus else None,
+        tool_call_parser=managed.tool_call_parser, reasoning_parser=managed.reasoning_parser,
+        priority=cfg.honor_service_tier, python=python, derive=derive,
+    )
+
+
+def _tls(cfg: PoolConfig, index: int, base_dir: Path) -> ssl.SSLContext | None:
+    """The TLS context of a pool with https workers (config validated that TLS files come only with
+    them); a file that cannot be used stops start-up with one line naming its key."""
+    if not any(url.startswith("https://") for url in cfg.urls):
+        return None
+
+    def path(value: str | None) -> str | None:
+        return str(base_dir / value) if value is not None else None
+
+    try:
+        return tls_context(path(cfg.tls_ca_file), path(cfg.tls_cert_file), path(cfg.tls_key_file))
+    except TLSError as exc:
+        raise ConfigError(f"pools[{index}].{exc.key}: {exc}") from None
+
+
+def _pool(cfg: PoolConfig, index: int, base_dir: Path) -> Pool:
     affinity = cfg.policy == "affinity"
+    limits = WireLimits(max_answer_bytes=cfg.max_answer_bytes, max_frame_bytes=cfg.max_frame_bytes,
+                        first_byte_timeout_s=cfg.first_byte_timeout_s)
     pool = Pool.create(
         name=cfg.name, engine=cfg.engine, model=cfg.model,
         balancer=make_balancer("least_load" if affinity else cfg.policy), urls=cfg.urls,
         connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, health_interval_s=cfg.health_interval_s,
-        limits=WireLimits(max_answer_bytes=cfg.max_answer_bytes, max_frame_bytes=cfg.max_frame_bytes,
-                          first_byte_timeout_s=cfg.first_byte_timeout_s),
+        limits=limits,
     )
+    tls = _tls(cfg, index, base_dir)
+    if tls is not None:  # one client, one context: model calls, health checks and scrapes trust alike
+        pool.client = WorkerClient(connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s,
+                                   limits=limits, tls=tls)
     if affinity:
         pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)
     pool.scrape_metrics = cfg.scrape_metrics
@@ -199,7 +255,7 @@ def _key_owners(config: Config) -> dict[str, str]:
 
 def build(config: Config, base_dir: Path) -> RouterApp:
     store = make_store(config.store, base_dir)
-    pools = {cfg.name: _pool(cfg) for cfg in config.pools}
+    pools = {cfg.name: _pool(cfg, i, base_dir) for i, cfg in enumerate(config.pools)}
     for cfg in config.pools:
         pools[cfg.name].max_model_len = cfg.context_length
     if isinstance(store, SQLiteStore):  # commit on the loop only while no worker call is out

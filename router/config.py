@@ -9,6 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
@@ -158,6 +159,15 @@ class ManagedConfig(_Section):
     log_dir: str = ""
     start_timeout_s: float = Field(120.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
+    # The interpreter of the command's {python} (the engine's module runs on it); empty: the router's own.
+    python: str = ""
+    # Append the flags the pool's config implies (README, "Managed pools"); unset: only to the
+    # engine's default command, not to a command of your own.
+    derive_flags: bool | None = None
+    # The engine's parsers of the model's tool calls and reasoning (vLLM and SGLang --tool-call-parser,
+    # --reasoning-parser; vLLM also gets --enable-auto-tool-choice).
+    tool_call_parser: str | None = Field(None, min_length=1)
+    reasoning_parser: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _ports(self) -> ManagedConfig:
@@ -225,14 +235,42 @@ class PoolConfig(_Section):
     # failed): a broken or hostile worker cannot make the router buffer without end.
     max_answer_bytes: int = Field(64 << 20, ge=1024)
     max_frame_bytes: int = Field(8 << 20, ge=1024)
+    # https workers: the CA bundle (PEM) their certificates are checked against (empty: the system's
+    # trust store), and the router's own client certificate and key when the workers ask for one.
+    # Relative to the config file. Every call to the pool's workers (model calls, health checks,
+    # scrapes) uses them.
+    tls_ca_file: str | None = Field(None, min_length=1)
+    tls_cert_file: str | None = Field(None, min_length=1)
+    tls_key_file: str | None = Field(None, min_length=1)
+    # The pool honours service_tier: its engine schedules by request priority (a managed engine
+    # is started so: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling).
+    honor_service_tier: bool = False
 
     @model_validator(mode="after")
     def _workers(self) -> PoolConfig:
         if bool(self.urls) == (self.managed is not None):
             raise ValueError("give exactly one of urls or [pools.managed]")
-        for url in self.urls:
+        for i, url in enumerate(self.urls):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"url {url!r} must start with http:// or https://")
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
+            except ValueError as exc:
+                raise _Field(f"urls[{i}]", f"{url!r}: {exc}") from None
+            if not parts.hostname:
+                raise _Field(f"urls[{i}]", f"{url!r} names no host")
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise _Field("tls_key_file", "a client key needs its certificate: set tls_cert_file too")
+        tls = next((k for k in ("tls_ca_file", "tls_cert_file") if getattr(self, k) is not None), None)
+        if tls is not None and not any(url.startswith("https://") for url in self.urls):
+            where = "a managed pool's workers are reached over http" if self.managed else "no url of the pool is https://"
+            raise _Field(tls, f"TLS settings are for https workers, and {where}")
+        managed = self.managed
+        if managed is not None and self.engine == "sim":
+            for key in ("tool_call_parser", "reasoning_parser"):
+                if getattr(managed, key) is not None:
+                    raise _Field(f"managed.{key}", "the sim engine has no parsers (vllm and sglang do)")
         return self
 
 
@@ -428,6 +466,10 @@ class _Reference(ValueError):
         self.key = key
 
 
+class _Field(_Reference):
+    """A reference error about a key of the section that raised it (its place is prefixed)."""
+
+
 class ConfigError(Exception):
     """One readable line: which key, what is wrong."""
 
@@ -456,6 +498,8 @@ def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     key = _dotted(err["loc"])
     ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _Field):
+        return f"{key}.{ctx_error.key}: {ctx_error}" if key else f"{ctx_error.key}: {ctx_error}"
     if isinstance(ctx_error, _Reference):
         return f"{ctx_error.key}: {ctx_error}"
     kind = err["type"]

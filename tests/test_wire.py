@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import orjson
 import pytest
 from aiohttp import web
 
-from backends.client import WorkerClient, WorkerHTTPError, WorkerStreamBroken, WorkerStreamError, WorkerUnavailable
+from backends.client import (
+    TLSError,
+    WorkerClient,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerStreamBroken,
+    WorkerStreamError,
+    WorkerUnavailable,
+    tls_context,
+)
+from backends.wire import origin_key
 from tests.procs import free_port
+from tests.tls_certs import Pki, make_pki
 
 
 class Server:
     """An aiohttp server that tells how many TCP connections its requests came on."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, tls: ssl.SSLContext | None = None) -> None:
         self.app = app
+        self.tls = tls  # serve https with it
         self.protocols: list[object] = []  # held, so no two connections share an id
         app.middlewares.append(self._count)
         self.runner: web.AppRunner | None = None
@@ -36,8 +51,8 @@ class Server:
         self.runner = web.AppRunner(self.app)
         await self.runner.setup()
         port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        self.url = f"http://127.0.0.1:{port}"
+        await web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=self.tls).start()
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -282,7 +297,7 @@ def test_connection_close_and_a_hung_worker() -> None:
         client = await _client(read_timeout_s=0.3)
         assert await client.post_json(base + "/x", {}) == {"n": 1}
         assert await client.post_json(base + "/x", {}) == {"n": 2}  # a new connection each time
-        assert client.wire._pools[("127.0.0.1", int(base.rsplit(":", 1)[1]))].idle == []
+        assert client.wire._pools[("http", "127.0.0.1", int(base.rsplit(":", 1)[1]))].idle == []
         before = len(accepted)
         with pytest.raises(WorkerStreamBroken, match="no data"):
             await client.post_json(base + "/hang", {})
@@ -357,7 +372,7 @@ def test_a_forgotten_worker_keeps_no_connection_open() -> None:
         stream = await client.open_sse(server.url + "/sse", {"n": 3})  # busy on one connection
         for i in range(3):  # on a second one, idle between them
             assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
-        pool = client.wire._pools[("127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
+        pool = client.wire._pools[("http", "127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
         idle = list(pool.idle)
         assert len(idle) == 1 and server.connections == 2
         client.forget(server.url)
@@ -368,3 +383,117 @@ def test_a_forgotten_worker_keeps_no_connection_open() -> None:
         assert server.connections == 3  # a new connection: none of the old ones was kept
 
     _against_app(main)
+
+
+# -- TLS -------------------------------------------------------------------------------------
+
+
+def _server_tls(pki: Pki, *, client_ca: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki.server_cert, pki.server_key)
+    if client_ca:  # the worker asks for the router's certificate
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(pki.ca)
+    return ctx
+
+
+def _against_tls(main: Callable[[Server, WorkerClient], Awaitable[None]], server_tls: ssl.SSLContext,
+                 client_tls: ssl.SSLContext) -> None:
+    async def run() -> None:
+        async with Server(_app(), tls=server_tls) as server:
+            client = WorkerClient(connect_timeout_s=2.0, read_timeout_s=5.0, tls=client_tls)
+            await client.start()
+            try:
+                await main(server, client)
+            finally:
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_https_workers_are_spoken_to_over_tls_with_keep_alive(tmp_path: Path) -> None:
+    """JSON, SSE, a relay and a health GET over TLS, the model calls on one kept-alive connection;
+    with the router's client certificate for a worker that asks for one."""
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        assert server.url.startswith("https://")
+        for i in range(5):
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        stream = await client.open_sse(server.url + "/sse", {"n": 4})
+        assert [f["i"] async for batch in stream.batches() for f in batch] == [0, 1, 2, 3]
+        await asyncio.sleep(0.05)
+        answer = await client.relay(server.url + "/echo", b'{"raw": true}')
+        assert answer.status == 200 and orjson.loads(await answer.read()) == {"got": {"raw": True}}
+        with pytest.raises(WorkerHTTPError) as err:
+            await client.post_json(server.url + "/fail", {})
+        assert err.value.status == 503
+        models = server.connections
+        assert models == 1  # the wire's one connection, kept alive through all of it
+        status, _ = await client.get(server.url + "/missing")  # aiohttp, the same context
+        assert status == 404 and server.connections == 2
+        pool = client.wire._pools[("https", "127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
+        assert pool.tls is client.tls and pool.origin == server.url
+        client.forget(server.url)
+        assert not client.wire._pools
+
+    tls = tls_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
+    _against_tls(main, _server_tls(pki, client_ca=True), tls)
+
+
+def test_an_untrusted_worker_certificate_is_a_clear_unavailable(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerUnavailable, match=r"certificate is not trusted .*tls_ca_file") as err:
+            await client.post_json(server.url + "/echo", {})
+        assert server.url in str(err.value)
+        with pytest.raises(WorkerUnavailable, match="certificate is not trusted"):
+            await client.open_sse(server.url + "/sse", {"n": 1})
+        with pytest.raises(WorkerUnavailable, match="certificate is not trusted"):
+            await client.get(server.url + "/health")
+        assert server.connections == 0  # nothing was ever sent
+
+    _against_tls(main, _server_tls(pki), tls_context(str(pki.other_ca)))
+
+
+def test_a_worker_that_wants_a_client_certificate_refuses_a_router_without_one(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerError):
+            await client.post_json(server.url + "/echo", {})
+        assert server.connections == 0
+
+    _against_tls(main, _server_tls(pki, client_ca=True), tls_context(str(pki.ca)))
+
+
+def test_https_defaults_to_port_443_and_http_to_80() -> None:
+    assert origin_key("https://gpu-1.internal/v1/chat/completions") == ("https", "gpu-1.internal", 443)
+    assert origin_key("http://gpu-1.internal/v1/chat/completions") == ("http", "gpu-1.internal", 80)
+    assert origin_key("https://gpu-1.internal:8443") == ("https", "gpu-1.internal", 8443)
+
+
+def test_tls_files_that_cannot_work_name_their_setting(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    cases = [
+        ((str(tmp_path / "nope.pem"), None, None), "tls_ca_file", "cannot read"),
+        ((str(pki.client_key), None, None), "tls_ca_file", "no PEM certificate"),
+        ((str(pki.ca), str(pki.client_cert), str(pki.server_key)), "tls_cert_file", "does not match"),
+        ((str(pki.ca), str(pki.client_cert), str(tmp_path / "nokey.pem")), "tls_key_file", "cannot read"),
+        ((str(pki.ca), str(tmp_path / "nocert.pem"), None), "tls_cert_file", "cannot read"),
+    ]
+    from cryptography.hazmat.primitives import serialization
+
+    key_pem = serialization.load_pem_private_key(pki.client_key.read_bytes(), None)
+    encrypted = tmp_path / "encrypted-key.pem"
+    encrypted.write_bytes(key_pem.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.BestAvailableEncryption(b"secret")))
+    # OpenSSL would prompt on the terminal for the passphrase, and start-up would hang there.
+    cases.append(((str(pki.ca), str(pki.client_cert), str(encrypted)), "tls_key_file", "the key is encrypted"))
+    for args, key, words in cases:
+        with pytest.raises(TLSError, match=words) as err:
+            tls_context(*args)
+        assert err.value.key == key, (args, err.value)
+    assert tls_context(str(pki.ca), str(pki.client_cert), str(pki.client_key)).verify_mode == ssl.CERT_REQUIRED
+    assert tls_context().check_hostname
