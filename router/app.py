@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
 
@@ -25,6 +25,7 @@ from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports,
 from backends.pools import Pool, Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
+from router.api import access
 from router.api.admin import AdminAPI
 from router.api.auth import Authenticator
 from router.api.compaction import CompactionAPI
@@ -42,6 +43,7 @@ from router.protocol.sealing import make_sealer
 from router.state import make_store
 from router.state.sqlite import SQLiteStore
 from router.state.store import Store
+from router.state.timed import TimedStore
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.leases import Leases
@@ -62,6 +64,7 @@ class RouterApp:
     pools: dict[str, Pool]
     app: FastPath
     background: BackgroundRuns
+    metrics: RouterMetrics | None = None
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: asyncio.Future[None] | None = None
@@ -69,6 +72,8 @@ class RouterApp:
     async def startup(self) -> None:
         await self.store.open()
         await self.background.start()
+        if self.metrics is not None:
+            self._tasks.append(asyncio.create_task(self.metrics.sample_loop_lag(), name="loop-lag"))
         if self.config.store.ttl_s is not None:
             self._tasks.append(asyncio.create_task(self._purge_loop(self.config.store.ttl_s), name="purge"))
         for cfg in self.config.pools:
@@ -270,6 +275,8 @@ def build(config: Config, base_dir: Path) -> RouterApp:
                for m in config.models}
     metrics = RouterMetrics()
     metrics.watch_pools(lambda: pools.values())
+    metrics.watch_requests(access.active)
+    store = cast(Store, TimedStore(store, metrics.store_call))  # every store call timed (router/state/timed.py)
     leases = Leases(store, lease_s=config.background.lease_s, sweep_all_at_start=config.store.kind == "sqlite")
     background = BackgroundRuns(store, leases, max_events=config.background.max_events)
     auth = Authenticator(_key_owners(config))
@@ -279,7 +286,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     sealer = make_sealer(config.sealing.resolved_keys())
     responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                              background=background, leases=leases, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
-    passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes)
+    passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, metrics=metrics)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
                        ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
@@ -298,4 +305,5 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     # Location made from the client's Host header. Such a path is a 404 like any unknown one.
     starlette.router.redirect_slashes = False
     app = FastPath(starlette, {**responses.hot_routes(), **passthrough.hot_routes()})
-    return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background)
+    return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background,
+                     metrics=metrics)

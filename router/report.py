@@ -1,7 +1,10 @@
 """``responses-router report``: compare the arms of each model from the router's ``/metrics``.
 
 For each model, one row per arm: requests, error rate (failed + error over
-all terminal statuses) with a 95% Wilson interval, p50/p95 time to first
+all terminal statuses) with a 95% Wilson interval (a request that failed
+through its own fault, ``rejected``: a 4xx such as a prompt over the
+context or a request the engine calls bad, is left out of both and counted
+on a line of its own), p50/p95 time to first
 token and inter-token latency (estimated from the histogram buckets by
 linear interpolation, as PromQL's ``histogram_quantile`` does), and output
 tokens per second (output tokens over the summed request seconds). Each arm
@@ -203,6 +206,7 @@ class ArmStats:
     duration_seconds: float = 0.0
     tokens_per_s: float | None = None
     error_kinds: dict[str, float] = field(default_factory=dict)
+    rejected: float = 0.0  # failed through the request's fault: in neither requests nor errors
 
 
 def _samples(families: dict[str, dict[str, Any]], name: str) -> list[tuple[str, dict[str, str], float]]:
@@ -253,7 +257,8 @@ def arm_stats(families: dict[str, dict[str, Any]], baseline: str | None = None) 
     itl = _buckets(families, "inter_token_latency_seconds")
 
     for key, stats in arms.items():
-        stats.requests = sum(stats.statuses.values())
+        stats.rejected = stats.statuses.get("rejected", 0.0)
+        stats.requests = sum(v for s, v in stats.statuses.items() if s != "rejected")
         stats.errors = sum(v for s, v in stats.statuses.items() if s in ERROR_STATUSES)
         if stats.requests > 0:
             stats.error_rate = stats.errors / stats.requests
@@ -367,6 +372,8 @@ def arm_report(metrics_text: str, baseline: str | None = None) -> str:
             if s.error_kinds:
                 kinds = ", ".join(f"{k} {_num(v)}" for k, v in sorted(s.error_kinds.items(), key=lambda kv: -kv[1]))
                 out.append(f"  errors on {s.arm}: {kinds}")
+            if s.rejected:
+                out.append(f"  rejected on {s.arm}: {_num(s.rejected)} (the request's fault, e.g. over the context: not counted)")
         for src, dst, value in sorted(failovers.get(model, [])):
             out.append(f"  failovers {src} -> {dst}: {_num(value)}")
         out.append("")

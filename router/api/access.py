@@ -25,6 +25,7 @@ log = logging.getLogger("router.access")
 
 # The record of the request being answered in this context (a request's task, and the tasks it starts).
 _current: ContextVar[Access | None] = ContextVar("router_access", default=None)
+_active = 0  # requests begun and not ended, in this process: the requests_in_flight gauge
 
 
 class Access:
@@ -81,9 +82,16 @@ class Access:
 
 def begin(method: str, path: str, request_id: str) -> Access:
     """A request starts in this context: its record, which ``current`` returns until it ends."""
+    global _active
     access = Access(method, path, request_id)
     _current.set(access)
+    _active += 1
     return access
+
+
+def active() -> int:
+    """Requests being answered now (streams included)."""
+    return _active
 
 
 def current() -> Access | None:
@@ -92,6 +100,8 @@ def current() -> Access | None:
 
 def end(access: Access) -> None:
     """Write the request's line (when info is logged)."""
+    global _active
+    _active -= 1
     if log.isEnabledFor(logging.INFO):
         fields = access.fields()
         log.info(_text(fields), extra={"access": fields})

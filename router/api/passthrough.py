@@ -13,6 +13,7 @@ worker; a stream that does just ends, cut, as the worker cut it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,16 +29,19 @@ from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
 from router.api.http import Body, Headers, decode_request, read_raw
 from router.api.sse import StreamBody
-from router.protocol.errors import InvalidRequest, NotFound
+from router.metrics import RouterMetrics
+from router.protocol.errors import APIError, InvalidRequest, NotFound
 from router.turns.routing import ModelTarget
 from router.turns.upstream import api_error, no_capacity
 
 
 class PassthroughAPI:
-    def __init__(self, *, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int) -> None:
+    def __init__(self, *, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
+                 metrics: RouterMetrics | None = None) -> None:
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     def routes(self) -> list[Route]:
         return [
@@ -69,7 +73,9 @@ class PassthroughAPI:
         if target is None:
             raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
         key = str(body.get("user") or body.get("safety_identifier") or os.urandom(8).hex())
-        pool = target.route(key, None, prefix_key=None).route.pool
+        routing = target.route(key, None, prefix_key=None)
+        pool = routing.route.pool
+        done = _Done(self.metrics, (target.name, routing.arm, pool.name, path_attr.removesuffix("_path")))
         record = access.current()
         if record is not None:
             record.model, record.pool = target.name, pool.name
@@ -80,32 +86,69 @@ class PassthroughAPI:
         try:
             answer = await call.send(pool.client.relay, path, data, hold=True)
         except NoHealthyWorker as exc:
-            raise no_capacity(target.name, exc) from None
+            refused: APIError = no_capacity(target.name, exc)
+            done(refused.status)
+            raise refused from None
         except WorkerError as exc:  # what relay can raise: unreachable or broken, on every worker tried
-            raise api_error(exc) from None
+            refused = api_error(exc)
+            done(refused.status)
+            raise refused from None
         if record is not None and call.last is not None:
             record.worker = call.last.url
         if body.get("stream"):
-            return StreamBody(_Relayed(answer.chunks(), call), status=answer.status, media_type=answer.content_type)
+            return StreamBody(_Relayed(answer.chunks(), call, done, answer.status), status=answer.status,
+                              media_type=answer.content_type)
         try:
             raw = await answer.read()
         except WorkerError as exc:  # its head came, its body broke off: the worker's failure, too late to retry
             call.broke(str(exc))
-            raise api_error(exc) from None
+            error = api_error(exc)
+            done(error.status)
+            raise error from None
         finally:
             call.release()
+        done(answer.status, _usage(raw) if answer.status == 200 else None)
         return Body(raw, answer.status, answer.content_type)
+
+
+class _Done:
+    """Records a relayed request's end into the metrics (passthrough_*), once."""
+
+    __slots__ = ("metrics", "labels", "start")
+
+    def __init__(self, metrics: RouterMetrics | None, labels: tuple[str, str, str, str]) -> None:
+        self.metrics = metrics
+        self.labels = labels
+        self.start = time.perf_counter()
+
+    def __call__(self, status: int, usage: dict[str, Any] | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.passthrough(self.labels, status, time.perf_counter() - self.start, usage)
+            self.metrics = None
+
+
+def _usage(raw: bytes) -> dict[str, Any] | None:
+    """The ``usage`` of a chat/completions answer or stream chunk (a ``data:`` line), if it has one."""
+    if b'"usage":{' not in raw:
+        return None
+    try:
+        usage = orjson.loads(raw.removeprefix(b"data: ")).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
 
 
 class _Relayed:
     """A relayed stream's chunks; the worker stays counted until they end or the answer is closed,
     whether or not it was ever iterated (an unstarted async generator's ``finally`` never runs)."""
 
-    __slots__ = ("_chunks", "_call")
+    __slots__ = ("_chunks", "_call", "_done", "_status")
 
-    def __init__(self, chunks: AsyncIterator[bytes], call: WorkerCall) -> None:
-        self._chunks = _counted(chunks, call)
+    def __init__(self, chunks: AsyncIterator[bytes], call: WorkerCall, done: _Done, status: int) -> None:
+        self._chunks = _counted(chunks, call, done, status)
         self._call = call
+        self._done = done
+        self._status = status
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks  # each chunk straight from the generator: nothing added per chunk
@@ -115,14 +158,24 @@ class _Relayed:
             await self._chunks.aclose()  # type: ignore[attr-defined]
         finally:
             self._call.release()
+            self._done(self._status)  # never iterated: no usage seen
 
 
-async def _counted(chunks: AsyncIterator[bytes], call: WorkerCall) -> AsyncIterator[bytes]:
+async def _counted(chunks: AsyncIterator[bytes], call: WorkerCall, done: _Done, status: int) -> AsyncIterator[bytes]:
+    """The chunks as they came; the last one holding a usage (``stream_options.include_usage``) is
+    kept for the metrics (one bytes search per chunk)."""
+    last = b""
     try:
         async for chunk in chunks:
+            if b'"usage":{' in chunk:
+                last = chunk
             yield chunk
     finally:
         call.release()
+        usage = None
+        for line in last.splitlines():
+            usage = _usage(line) or usage
+        done(status, usage)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

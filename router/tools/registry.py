@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -222,13 +224,19 @@ class Browsing:
 
 
 async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer],
-                          browser: Browsing | None = None, *, owner: str) -> list[CallOutcome]:
-    """Run independent calls of one turn concurrently; results come back in call order."""
+                          browser: Browsing | None = None, *, owner: str,
+                          timed: Callable[[str, float, bool], None] | None = None) -> list[CallOutcome]:
+    """Run independent calls of one turn concurrently; results come back in call order. ``timed``
+    hears of each: its tool type, seconds, and whether it ended in an error."""
 
     async def one(call: Any) -> CallOutcome:
         tool = call.tool
         server = servers.get(tool.server_label) if tool.kind == "mcp" else None
-        return await tools.run(tool.kind, tool.name, call.arguments, server=server, container=call.item.get("container_id"),
-                               browser=browser, owner=owner)
+        start = time.perf_counter()
+        outcome = await tools.run(tool.kind, tool.name, call.arguments, server=server,
+                                  container=call.item.get("container_id"), browser=browser, owner=owner)
+        if timed is not None:
+            timed(tool.kind, time.perf_counter() - start, outcome.error is not None)
+        return outcome
 
     return list(await asyncio.gather(*(one(c) for c in calls)))

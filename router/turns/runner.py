@@ -127,7 +127,8 @@ class ResponseRun:
         self._upstream = Upstream(self.route.pool, self.req.model, truncate=self.req.truncation == "auto",
                                   preferred=routing.preferred_worker if routing else None,
                                   prefix_key=routing.prefix_key if routing else None)
-        self._tool_loop = ToolLoop(self.tools, self.router_tools, self.prelude, self.owner, self.req.max_tool_calls)
+        self._tool_loop = ToolLoop(self.tools, self.router_tools, self.prelude, self.owner, self.req.max_tool_calls,
+                                   self.metrics)
 
     # -- a whole answer ------------------------------------------------------
 
@@ -316,7 +317,8 @@ class ResponseRun:
         self._close_stream()
         events = self._assembler.fail(error)
         # A store that has just given up is not asked again: that would only hold the client's end.
-        await self._end_or_log(error.code or error.type, write=not isinstance(error, StoreUnavailable))
+        await self._end_or_log(error.code or error.type, write=not isinstance(error, StoreUnavailable),
+                               rejected=error.status < 500)
         return events
 
     async def cancelled(self) -> list[Event]:
@@ -331,7 +333,7 @@ class ResponseRun:
         """Record a response that failed before anything was streamed; returns the error to raise
         (its events, for a background run's log, in ``refused_events``)."""
         self.refused_events = self._assembler.fail(error)
-        await self._end_or_log(error.code or error.type)
+        await self._end_or_log(error.code or error.type, rejected=error.status < 500)
         return error
 
     def _unstored(self, end: list[Event], error: StoreUnavailable) -> list[Event]:
@@ -358,9 +360,10 @@ class ResponseRun:
         if await self.record.end(self.response):
             await self._record_routing()
 
-    async def _end_or_log(self, error_code: str | None = None, *, write: bool = True) -> None:
-        """Count and record an end that goes to the client whether or not it is stored."""
-        self._count(error_code)
+    async def _end_or_log(self, error_code: str | None = None, *, write: bool = True, rejected: bool = False) -> None:
+        """Count and record an end that goes to the client whether or not it is stored. ``rejected``:
+        it failed through the request's fault (a 4xx: the engine called it bad, it did not fit)."""
+        self._count(error_code, rejected)
         if await self.record.end_or_log(self.response, write=write):
             try:
                 await self._record_routing()
@@ -372,11 +375,15 @@ class ResponseRun:
         if self.record_routing and self.routing is not None and self.response["status"] not in ("queued", "in_progress"):
             await self.record.store.set_routing(self.response["id"], self.routing.record(self._upstream.last_url))
 
-    def _count(self, error_code: str | None) -> None:
+    def _count(self, error_code: str | None, rejected: bool = False) -> None:
+        """Into the metrics, at its end: a failure through the request's fault as ``rejected``, which
+        the arm's error rate leaves out (router/report.py)."""
         response = self.response
         status = response["status"]
         if self._timer is not None and status not in ("queued", "in_progress"):
-            if status == "failed":
+            if status == "failed" and rejected:
+                status = "rejected"  # its code is on its access line, not among the arm's errors
+            elif status == "failed":
                 self._timer.error(error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
 

@@ -1,14 +1,17 @@
-"""Shadow traffic: a sample of requests mirrored to a candidate pool, answers discarded.
+"""Shadow traffic: a sample of requests mirrored to a candidate pool, answers compared, then discarded.
 
 The mirror runs after the client's own request was prepared, as a separate
 task with its own bounded concurrency: it never adds latency or errors to
-what the client sees, and nothing of it is stored.
+what the client sees, and nothing of it is stored. Its outcome, time and
+tokens go to the metrics (``shadow_*``), and how its answer differs from the
+client's: in length (output tokens more than 20% apart) or in how it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from router.turns.record import Record
@@ -17,9 +20,12 @@ from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.shadow")
 
+LENGTH_APART = 0.2  # output token counts further apart than this (relative to the larger) differ in length
+WAIT_FOR_CLIENT_S = 600.0  # how long a finished mirror waits for the client's answer to compare with
+
 _running: dict[str, int] = {}
 _tasks: set[asyncio.Task[None]] = set()
-stats: dict[str, dict[str, int]] = {}  # model -> mirrored / skipped / failed
+stats: dict[str, dict[str, int]] = {}  # model -> mirrored / skipped / failed (shown by /admin/pools)
 
 
 def maybe_mirror(target: ModelTarget, run: ResponseRun) -> None:
@@ -31,13 +37,15 @@ def maybe_mirror(target: ModelTarget, run: ResponseRun) -> None:
     counts = stats.setdefault(target.name, {"mirrored": 0, "skipped": 0, "failed": 0})
     if _running.get(target.name, 0) >= target.shadow_limit:
         counts["skipped"] += 1
+        if run.metrics is not None:
+            run.metrics.shadow(target.name, target.shadow.pool.name, "skipped")
         return
     req = run.req.model_copy(update={"store": False, "stream": False, "background": False, "conversation": None})
     record = Record(store=run.record.store, owner=run.owner, stored=False, previous_response_id=None, input_items=[])
     mirror = ResponseRun(req=req, owner=run.owner, route=target.shadow, tools=run.tools,
                          prompt_items=list(run.prompt_items), response=replace_response(run), record=record)
     _running[target.name] = _running.get(target.name, 0) + 1
-    task = asyncio.create_task(_run(target.name, mirror, counts), name=f"shadow:{target.name}")
+    task = asyncio.create_task(_run(target.name, mirror, run, counts), name=f"shadow:{target.name}")
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
 
@@ -49,7 +57,9 @@ def replace_response(run: ResponseRun) -> dict[str, Any]:
     return response
 
 
-async def _run(model: str, mirror: ResponseRun, counts: dict[str, int]) -> None:
+async def _run(model: str, mirror: ResponseRun, client: ResponseRun, counts: dict[str, int]) -> None:
+    start = time.perf_counter()
+    pool = mirror.route.pool.name
     try:
         await mirror.complete()
         counts["mirrored"] += 1
@@ -58,4 +68,39 @@ async def _run(model: str, mirror: ResponseRun, counts: dict[str, int]) -> None:
         log.info("shadow request for %s failed: %s", model, exc)
     finally:
         _running[model] -= 1
+    seconds = time.perf_counter() - start
+    metrics = client.metrics
+    if metrics is None:
+        return
+    shadow = mirror.response
+    usage = shadow.get("usage") or {}
+    theirs = await _ended(client)
+    metrics.shadow(model, pool, shadow.get("status") or "failed", seconds, usage.get("output_tokens"),
+                   differences(theirs, shadow) if theirs is not None else ())
 
+
+async def _ended(run: ResponseRun) -> dict[str, Any] | None:
+    """The client's response once it has ended (None if it runs past WAIT_FOR_CLIENT_S)."""
+    deadline = time.monotonic() + WAIT_FOR_CLIENT_S
+    while run.response.get("status") in ("queued", "in_progress"):
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.1)
+    return run.response
+
+
+def differences(client: dict[str, Any], shadow: dict[str, Any]) -> list[str]:
+    """How the shadow's answer differs from the client's: ``length`` (output tokens more than
+    LENGTH_APART apart), ``finish`` (another status or incomplete reason)."""
+    out = []
+    mine = (client.get("usage") or {}).get("output_tokens") or 0
+    theirs = (shadow.get("usage") or {}).get("output_tokens") or 0
+    if abs(mine - theirs) > LENGTH_APART * max(mine, theirs):
+        out.append("length")
+    if _ending(client) != _ending(shadow):
+        out.append("finish")
+    return out
+
+
+def _ending(response: dict[str, Any]) -> tuple[Any, Any]:
+    return response.get("status"), (response.get("incomplete_details") or {}).get("reason")

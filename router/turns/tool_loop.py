@@ -9,6 +9,7 @@ response, as does ``max_tool_calls`` or the router's ``max_turns``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from router.protocol.items import Item
 from router.protocol.tools import ToolSet
@@ -29,6 +30,7 @@ class ToolLoop:
     prelude: Prelude | None  # MCP listings and approved calls, run before the first turn
     owner: str
     max_tool_calls: int | None
+    metrics: Any = None  # router.metrics.RouterMetrics: tool_calls_total, tool_call_duration_seconds
     _calls_run: int = 0
 
     @property
@@ -49,7 +51,9 @@ class ToolLoop:
         results join ``prompt_items``. Returns the events that finish the calls."""
         assert self.router_tools is not None
         servers = self.prelude.servers if self.prelude is not None else {}
-        outcomes = await gather_outcomes(calls, self.router_tools, servers, Browsing.from_items(prompt_items), owner=self.owner)
+        timed = self.metrics.tool_call if self.metrics is not None else None
+        outcomes = await gather_outcomes(calls, self.router_tools, servers, Browsing.from_items(prompt_items), owner=self.owner,
+                                         timed=timed)
         events: list[Event] = []
         by_id: dict[str, str] = {}
         for call, outcome in zip(calls, outcomes):

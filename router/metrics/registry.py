@@ -1,4 +1,4 @@
-"""A small Prometheus registry for one asyncio process, and the router's metrics.
+"""A small Prometheus registry for one asyncio process.
 
 Recording is a dict lookup keyed by a tuple of label values plus one add:
 no locks (one thread), no string formatting, no validation after the first
@@ -10,34 +10,15 @@ Label values are passed positionally, in the order of ``labelnames``::
 
     requests = Counter("x_requests_total", "Requests.", ("model", "status"))
     requests.inc(("gpt", "completed"))
-
-``RouterMetrics`` creates the router's metrics; ``RequestTimer`` measures one
-response (time to first token, mean inter-token latency, duration, tokens).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
-from typing import Any, TypeVar
-
-__all__ = [
-    "CONTENT_TYPE",
-    "DURATION_BUCKETS",
-    "ITL_BUCKETS",
-    "STATUSES",
-    "TTFT_BUCKETS",
-    "Counter",
-    "Gauge",
-    "GaugeFunc",
-    "Histogram",
-    "Registry",
-    "RequestTimer",
-    "RouterMetrics",
-]
+from typing import TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -279,184 +260,3 @@ class Registry:
         for metric in list(self._metrics.values()):
             metric.render(out)
         return "".join(out).encode()
-
-
-# --- the router's metrics ----------------------------------------------------------------------
-
-STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "error"})
-
-# Roughly 1-2.5-5 steps; finer where LLM latencies cluster.
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
-                7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-               0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
-DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
-                    120.0, 180.0, 300.0, 450.0, 600.0)
-
-_P = "responses_router_"
-_MAP = ("model", "arm", "pool")
-
-
-class RouterMetrics:
-    """The router's metric families on one ``Registry``.
-
-    ``model`` is the public model name, ``arm`` the experiment arm (the pool's
-    name when the model has no experiment), ``pool`` the pool that served.
-    Worker gauges come from ``watch_pools``: nothing is recorded for them.
-    """
-
-    def __init__(self, registry: Registry | None = None) -> None:
-        r = self.registry = registry if registry is not None else Registry()
-        self.requests = r.counter(_P + "requests_total", "Responses finished, by terminal status.", (*_MAP, "status"))
-        self.errors = r.counter(_P + "errors_total", "Errors, by kind.", (*_MAP, "kind"))
-        self.ttft = r.histogram(_P + "time_to_first_token_seconds", "Time from request to first output token.",
-                                _MAP, TTFT_BUCKETS)
-        self.itl = r.histogram(_P + "inter_token_latency_seconds",
-                               "Mean time per output token after the first, one sample per response.", _MAP, ITL_BUCKETS)
-        self.duration = r.histogram(_P + "request_duration_seconds", "Time from request to terminal status.",
-                                    _MAP, DURATION_BUCKETS)
-        self.output_tokens = r.counter(_P + "output_tokens_total", "Output tokens generated.", _MAP)
-        self.input_tokens = r.counter(_P + "input_tokens_total", "Input (prompt) tokens.", _MAP)
-        self.cached_tokens = r.counter(_P + "cached_tokens_total", "Input tokens served from the prefix cache.", _MAP)
-        self.arm_failovers = r.counter(_P + "arm_failovers_total", "Requests moved from their arm to another.",
-                                       ("model", "from_arm", "to_arm"))
-        self.affinity_moves = r.counter(_P + "affinity_moves_total",
-                                        "Continuations not sent to the worker holding their prefix.", ("pool", "why"))
-        self._pools: Callable[[], Iterable[Any]] = tuple
-        self.worker_healthy = r.gauge_func(_P + "worker_healthy", "1 when the worker takes requests.", ("pool", "worker"),
-                                           lambda: self._worker_rows(_healthy))
-        self.worker_in_flight = r.gauge_func(_P + "worker_in_flight", "Requests in flight on the worker.",
-                                             ("pool", "worker"), lambda: self._worker_rows(_in_flight))
-        self.worker_restarts = r.gauge_func(_P + "worker_restarts", "Restarts of a managed worker.", ("pool", "worker"),
-                                            lambda: self._worker_rows(_restarts))
-
-    # -- worker gauges
-
-    def watch_pools(self, pools: Callable[[], Iterable[Any]] | Iterable[Any]) -> None:
-        """Where the worker gauges read from at render time: pools (or a callable returning them).
-
-        Duck-typed: ``pool.name``, ``pool.workers``; ``worker.url``, ``worker.healthy``,
-        ``worker.in_flight``, ``worker.process.restarts`` (0 without a process).
-        """
-        if callable(pools):
-            self._pools = pools
-        else:
-            fixed = list(pools)
-            self._pools = lambda: fixed
-
-    def _worker_rows(self, value: Callable[[Any], float]) -> Iterable[tuple[Labels, float]]:
-        for pool in self._pools():
-            for worker in pool.workers:
-                yield (pool.name, worker.url), value(worker)
-
-    # -- recording
-
-    def timer(self, model: str, arm: str, pool: str, *, clock: Callable[[], float] = time.perf_counter,
-              start: float | None = None) -> RequestTimer:
-        return RequestTimer(self, model, arm, pool, clock=clock, start=start)
-
-    def error(self, model: str, arm: str, pool: str, kind: str) -> None:
-        self.errors.inc((model, arm, pool, kind))
-
-    def failover(self, model: str, from_arm: str, to_arm: str) -> None:
-        self.arm_failovers.inc((model, from_arm, to_arm))
-
-    def affinity_move(self, pool: str, why: str) -> None:
-        self.affinity_moves.inc((pool, why))
-
-    def render(self) -> bytes:
-        return self.registry.render()
-
-
-def _healthy(worker: Any) -> float:
-    return 1.0 if worker.healthy else 0.0
-
-
-def _in_flight(worker: Any) -> float:
-    return float(worker.in_flight)
-
-
-def _restarts(worker: Any) -> float:
-    process = getattr(worker, "process", None)
-    return float(getattr(process, "restarts", 0) or 0)
-
-
-def _usage_counts(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None, int | None]:
-    """(input, output, cached) tokens from a Responses usage (or a chat-completions one); None when absent."""
-    if not usage:
-        return None, None, None
-    inp = usage.get("input_tokens", usage.get("prompt_tokens"))
-    out = usage.get("output_tokens", usage.get("completion_tokens"))
-    details = usage.get("input_tokens_details") or usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-    return inp, out, cached
-
-
-class RequestTimer:
-    """Times one response and records it into ``RouterMetrics``.
-
-    ``first_token()`` when the first output arrives (records TTFT at once),
-    ``token(n)`` for each output chunk (one clock read and one add),
-    ``finish(status, usage)`` once at the end (later calls are ignored).
-
-    Inter-token latency is recorded as ONE sample per response: the mean
-    time per output token after the first, ``(t_last - t_first) / (tokens - 1)``,
-    vLLM's TPOT definition; ``tokens`` is ``usage.output_tokens`` when the
-    usage has it (engines stream several tokens per chunk, so counted chunks
-    undercount), else the count given to ``token()``. Why the mean and not
-    every gap: per-token observations cost a bisect and a dict lookup per
-    token, weigh long answers over short ones, and with multi-token chunks
-    mostly measure the engine's stream interval (gaps of zero, then one long
-    one). Per-response means make the p50/p95 across responses comparable
-    between arms whatever the answer lengths. It hides stalls inside one
-    response; the duration histogram still shows them.
-    """
-
-    __slots__ = ("clock", "done", "first", "labels", "last", "metrics", "start", "tokens")
-
-    def __init__(self, metrics: RouterMetrics, model: str, arm: str, pool: str, *,
-                 clock: Callable[[], float] = time.perf_counter, start: float | None = None) -> None:
-        self.metrics = metrics
-        self.labels: Labels = (model, arm, pool)
-        self.clock = clock
-        self.start = clock() if start is None else start
-        self.first: float | None = None
-        self.last = 0.0
-        self.tokens = 0
-        self.done = False
-
-    def first_token(self) -> None:
-        """Marks the first output (text, reasoning or a tool call's arguments); later calls do nothing."""
-        if self.first is None:
-            now = self.last = self.first = self.clock()
-            self.metrics.ttft.observe(self.labels, now - self.start)
-
-    def token(self, n: int = 1) -> None:
-        """``n`` output tokens just arrived (the first call also marks the first token)."""
-        if self.first is None:
-            self.first_token()
-        else:
-            self.last = self.clock()
-        self.tokens += n
-
-    def error(self, kind: str) -> None:
-        self.metrics.errors.inc((*self.labels, kind))
-
-    def finish(self, status: str, usage: Mapping[str, Any] | None = None) -> None:
-        """Records the response: status (one of STATUSES; anything else counts as ``error``), duration, tokens, ITL."""
-        if self.done:
-            return
-        self.done = True
-        m, labels = self.metrics, self.labels
-        m.requests.inc((*labels, status if status in STATUSES else "error"))
-        m.duration.observe(labels, self.clock() - self.start)
-        inp, out, cached = _usage_counts(usage)
-        tokens = out if out is not None else self.tokens
-        if tokens:
-            m.output_tokens.inc(labels, tokens)
-        if inp:
-            m.input_tokens.inc(labels, inp)
-        if cached:
-            m.cached_tokens.inc(labels, cached)
-        if self.first is not None and tokens > 1 and self.last > self.first:
-            m.itl.observe(labels, (self.last - self.first) / (tokens - 1))
