@@ -8,7 +8,9 @@ the message mentions by a word of its name or description, backends/sim_tools.py
 [sim:garbage=N] (N random ids, <|return|>), [sim:chunk=N] ids per frame,
 [sim:error_after=K], [sim:cached=N] (else the prefix cache's hit on the prompt ids),
 and sim.py's timing and failures; a last tool message gets "tool said: ...". gpt-oss
-ends a turn at its first <|call|>: all calls but the last end with <|end|>.
+ends a turn at its first <|call|>: all calls but the last end with <|end|>. A structured-output
+constraint (vLLM's structured_outputs, SGLang's json_schema / structural_tag) holds the answer
+as the engine would (backends/sim_harmony_script.py); a bad one gets the engine's 400.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import random
 import re
 import time
 import uuid
@@ -30,11 +31,19 @@ import orjson
 from aiohttp import web
 from openai_harmony import HarmonyEncodingName, Role, load_harmony_encoding
 
-from backends.sim_script import SimError, error_body, generate_tokens, int_marker, parse_markers
-from backends.sim_tools import TEXT_MARKERS, mentioned_function
+from backends.sim_harmony_script import (
+    CALL,
+    END,
+    RETURN,
+    VOCAB_SIZE,
+    constrained_text,
+    garbage_ids,
+    plan_answer,
+    read_constraint,
+    script_text,
+)
+from backends.sim_script import SimError, error_body, int_marker, parse_markers
 
-END, RETURN, CALL = 200007, 200002, 200012  # <|end|>; <|return|>, <|call|>: gpt-oss's eos ids
-VOCAB_SIZE = 201088  # o200k_harmony
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang SamplingParams default
 VLLM_COMPLETIONS_MAX_TOKENS = 16  # vLLM CompletionRequest default
 _SSE = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -120,39 +129,15 @@ def function_descriptions(developer: str) -> dict[str, str]:
     return out
 
 
-def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int) -> list[int]:
-    """The whole answer as harmony ids, before any cut. The prompt ends with
-    `<|start|>assistant`, so the first message starts at <|channel|>."""
+def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int, constraint: dict | None = None) -> list[int]:
+    """The whole answer as harmony ids, before any cut (backends/sim_harmony_script.py), held to
+    the request's constraint when it has one. The prompt ends with `<|start|>assistant`, so the
+    first message starts at <|channel|>."""
     if (garbage := int_marker(markers, "garbage")) is not None:
-        rng = random.Random(info.digest)
-        ids = (t for t in iter(lambda: rng.randrange(VOCAB_SIZE), -1) if t not in (RETURN, CALL))
-        return [next(ids) for _ in range(garbage)] + [RETURN]
-
-    def words(n: int, salt: bytes) -> str:
-        return "".join(generate_tokens([{"prompt": info.digest}], n, salt))
-    reason, n = int_marker(markers, "reason"), int_marker(markers, "tokens")
-    msgs = [f"<|channel|>analysis<|message|>{words(reason or 4, b'r')}<|end|>"] \
-        if reason != 0 else []
-    if info.tool_output is not None:
-        markers = {"tool": None}
-        msgs.append(f"<|channel|>final<|message|>tool said: {info.tool_output}<|return|>")
-    if "preamble" in markers:
-        msgs.append(f"<|channel|>commentary<|message|>{words(3, b'p')}<|end|>")
-    names = [name for name in (markers.get("call") or "").split(",") if name]
-    if not names and not (TEXT_MARKERS | {"builtin"}) & markers.keys() and info.tool_output is None:  # a mention
-        mentioned = mentioned_function(info.user_text, {n: info.descriptions.get(n) for n in info.functions})
-        names = [mentioned] if mentioned is not None else []
-    calls = [f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
-             + orjson.dumps(info.functions.get(name, {})).decode() for name in names]
-    query = re.sub(r"\[sim:[^\]]*\]", "", info.user_text).strip() or "sim"
-    calls += [f"<|channel|>analysis to={name} code<|message|>" + _builtin_args(name, query)  # gpt-oss's built-in form
-              for name in filter(None, (markers.get("builtin") or "").split(","))]
-    if calls:
-        msgs += [c + "<|end|>" for c in calls[:-1]] + [calls[-1] + "<|call|>"]
-    elif info.tool_output is None:
-        n = default_tokens if n is None else n
-        msgs.append(f"<|channel|>final<|message|>{words(n, b'')}<|return|>")
-    return list(enc.encode("<|start|>assistant".join(msgs), allowed_special="all"))
+        return garbage_ids(info.digest, garbage)
+    answer = plan_answer(info, markers, default_tokens)
+    text = script_text(answer) if constraint is None else constrained_text(constraint, answer)
+    return list(enc.encode(text, allowed_special="all"))
 
 
 def cut_ids(ids: list[int], stops: set[int], budget: int) -> tuple[list[int], str, int | None]:
@@ -224,8 +209,9 @@ class HarmonySim:
                            "token_ids" if n >= limit else max_key)
         extra = given if isinstance(given := sp.get("stop_token_ids"), list) else []
         stops = set(extra) | (set() if sp.get("ignore_eos") else {RETURN, CALL})
+        constraint = read_constraint(self.cfg.engine, sp)  # checked before the prompt is read
         markers = parse_markers((info := read_prompt(self.enc, prompt)).user_text)
-        ids, finish, matched = cut_ids(script_ids(self.enc, info, markers, self.cfg.default_tokens),
+        ids, finish, matched = cut_ids(script_ids(self.enc, info, markers, self.cfg.default_tokens, constraint),
                                        stops, budget)
         return Run(rid, prompt, ids, finish, matched, budget, markers,
                    min(int_marker(markers, "cached") or 0, n),
@@ -483,13 +469,3 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
             app.router.add_post(path, abort)
     return sim
 
-
-def _builtin_args(name: str, query: str) -> str:
-    """What gpt-oss sends its own tools: code for python, JSON for the browser's search/open/find."""
-    if name == "python":
-        return "print(1 + 1)"
-    if name == "browser.open":
-        return orjson.dumps({"id": 0}).decode()  # the first link of the last search
-    if name == "browser.find":
-        return orjson.dumps({"pattern": query.split()[0] if query else "sim"}).decode()
-    return orjson.dumps({"query": query, "topn": 10}).decode()

@@ -109,6 +109,7 @@ def prompt_specs(
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
     current_date: str | None = None,
     builtin_tools: Sequence[str] = (),
+    response_format: tuple[str, dict[str, Any]] | None = None,
 ) -> tuple[Hashable, Callable[[], list[Message]], list[MessageSpec]]:
     """History + this turn's input -> the prompt's messages as data: the head's key (all that
     the system and developer messages are built from), what builds them, then the
@@ -120,11 +121,17 @@ def prompt_specs(
     ``tools``: Responses tools; ``function`` tools become the developer ``functions``
     namespace, other types are left to the caller (``builtin_tools`` names harmony's
     own ``browser`` / ``python`` namespaces for the system message).
+    ``response_format``: ``text.format``'s name and JSON schema, described to the model in the
+    developer message as the harmony format says (``# Response Formats``, ``## name``, the
+    schema); harmony_constrain.py holds the final message to it.
     """
     effort = _EFFORT.get((reasoning_effort or "medium").lower(), ReasoningEffort.MEDIUM)
     date = current_date or datetime.now(UTC).strftime("%Y-%m-%d")
     folded = [instructions] if instructions else []
     folded += [message_text(it) for it in items if it.get("type") == "message" and it.get("role") in ("system", "developer")]
+    if response_format is not None:
+        name, schema = response_format
+        folded.append(f"# Response Formats\n\n## {name}\n\n{json.dumps(schema, separators=(',', ':'), allow_nan=False)}")
     functions = [(t["name"], t.get("description") or "", t.get("parameters")) for t in tools or () if t.get("type") == "function"]
     builtins = tuple(builtin_tools)
 

@@ -20,9 +20,10 @@ from backends.engines import (
     generate_request,
 )
 from router.dialects.chat_chunks import chunk_object
-from router.dialects.deltas import Delta, ReasoningDelta, ReasoningText, TextDelta, Usage
+from router.dialects.deltas import Delta, Finish, ReasoningDelta, ReasoningText, TextDelta, Usage
 from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
 from router.dialects.harmony_chunks import IdsTemplate, probe_ids
+from router.dialects.harmony_constrain import final_schema, forced, structural_tag
 from router.dialects.sglang_frames import CumulativeFrames
 from router.protocol.errors import InvalidRequest
 from router.protocol.items import Item
@@ -50,6 +51,7 @@ class HarmonyTurn:
         self._parser = HarmonyParser(encoding)
         self._reader = GenerateReader(engine)
         self._prompt_tokens = 0
+        self._forced = False  # this turn must end in a tool call (its constraint says so)
         self._generated = 0
         self._counts: GenerateStep | None = None  # the last token counts the engine reported
         # vLLM's plain frames, read without parsing; SGLang's cumulative ones without what came before
@@ -58,15 +60,39 @@ class HarmonyTurn:
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
+        tag = self._constraint()
         ids = self.prompt_ids(items)
         self._prompt_tokens = len(ids)
-        build = completions_request if self.path == COMPLETIONS_FALLBACK_PATH else None
-        if build is not None:
-            return build(self.model, ids, max_tokens=self._max_tokens(len(ids)), stop_token_ids=stop_token_ids(self._encoding),
-                         temperature=req.temperature, top_p=req.top_p, stream=stream, request_id=self._request_id)
-        return generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
+        if self.path == COMPLETIONS_FALLBACK_PATH:
+            body = completions_request(self.model, ids, max_tokens=self._max_tokens(len(ids)),
+                                       stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
+                                       top_p=req.top_p, stream=stream, request_id=self._request_id)
+            if tag is not None:
+                body["structured_outputs"] = {"structural_tag": tag}
+            return body
+        body = generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
                                 stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
                                 top_p=req.top_p, stream=stream, request_id=self._request_id)
+        if tag is not None:  # the same structural tag on both wires (router/dialects/harmony_constrain.py)
+            if self._engine == "sglang":
+                body["sampling_params"]["structural_tag"] = tag
+            else:
+                body["sampling_params"]["structured_outputs"] = {"structural_tag": tag}
+                body["reasoning_ended"] = True  # from the first token: the tag itself leaves the analysis free
+        return body
+
+    def _offered(self) -> list[Any]:
+        return self._tools.offered if self._tools.choice.mode != "none" else []
+
+    def _constraint(self) -> str | None:
+        """``text.format`` and a forced tool choice as the engine's constraint (None: nothing to hold)."""
+        offered = self._offered()
+        self._forced = forced(self._tools.choice, offered)
+        try:
+            return structural_tag((self._req.text or {}).get("format"), self._tools.choice, offered)
+        except ValueError as exc:  # NaN or Infinity: JSON has no such numbers
+            raise InvalidRequest(f"The schema could not be sent to the engine: {exc}", param="text.format.schema",
+                                 code="invalid_json_schema") from None
 
     def fallback(self) -> bool:
         """The generate endpoint is missing (404): use vLLM's completions endpoint instead, once."""
@@ -78,7 +104,7 @@ class HarmonyTurn:
     def prompt_ids(self, items: list[Item]) -> list[int]:
         """The prompt tokens for ``items`` (also what input_tokens counts)."""
         req = self._req
-        offered = self._tools.offered if self._tools.choice.mode != "none" else []
+        offered = self._offered()
         functions = [
             {"type": "function", "name": t.engine_name, "description": t.description or "", "parameters": t.parameters}
             for t in offered if t.kind in ("function", "custom", "mcp")
@@ -86,9 +112,13 @@ class HarmonyTurn:
         # gpt-oss knows its own browser and python tools; the router runs them through its backends.
         builtins = [name for kind, name in (("web_search", "browser"), ("code_interpreter", "python"))
                     if any(t.kind == kind for t in offered)]
+        fmt = (req.text or {}).get("format") or {}
+        schema = final_schema(fmt)
+        described = (fmt.get("name") or "output", schema) if schema is not None and fmt.get("type") == "json_schema" else None
         try:
             return render_prompt(items, instructions=req.instructions, tools=functions, builtin_tools=builtins,
-                                 reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding)
+                                 reasoning_effort=(req.reasoning or {}).get("effort"), encoding=self._encoding,
+                                 response_format=described)
         except ValueError as exc:  # openai-harmony refuses what is not JSON: a NaN or Infinity in a tool's schema
             raise InvalidRequest(f"The tools could not be rendered for this model: {exc}", param="tools",
                                  code="invalid_tools") from None
@@ -124,7 +154,7 @@ class HarmonyTurn:
                 self._generated += 1
                 return text
         self._generated += len(ids)
-        return _result(self._parser.feed(ids))  # no finish, no counts: the template says so
+        return _result(self._held(self._parser.feed(ids)))  # no finish, no counts: the template says so
 
     def _parsed(self, payload: bytes) -> Any:
         """A frame the template does not know, the general way (``chunk``); maybe learned from."""
@@ -156,13 +186,24 @@ class HarmonyTurn:
             out += self._parser.finish(step.finish, self._usage())
         elif self._counts is step and self._parser.done:
             out.append(self._usage())  # a usage frame after the finish
-        return out
+        return self._held(out)
 
     def completion(self, payload: dict[str, Any]) -> list[Delta]:
         return self.chunk(payload) + self.end()
 
     def end(self) -> list[Delta]:
-        return self._parser.finish(None, self._usage())
+        return self._held(self._parser.finish(None, self._usage()))
+
+    def _held(self, deltas: list[Delta]) -> list[Delta]:
+        """``deltas``, unless a turn that had to call a tool ended with none: then a ValueError,
+        which fails the response (an engine that did not hold the constraint): a forced choice
+        never ends ``completed`` with a plain message."""
+        if self._forced:
+            for delta in deltas:
+                if type(delta) is Finish and delta.reason == "stop":
+                    raise ValueError("tool_choice requires a tool call, and the model answered without one "
+                                     "(the engine did not hold the structured-output constraint)")
+        return deltas
 
     def _usage(self) -> Usage:
         counts = self._counts

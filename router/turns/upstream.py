@@ -4,8 +4,9 @@ The pool's worker call (backends/calls.py) picks the worker, retries before
 the first byte and says whose fault a failure is. Here: a ``max_tokens`` the
 worker says is too large for the room the prompt leaves is capped to that room
 and sent again (the engines' own Responses servers clamp it so); with
-``truncation: auto`` a prompt the worker says is too long by itself loses its
-oldest turn and is sent again (a too large ``max_tokens`` never drops a turn);
+``truncation: auto`` a prompt the worker says is too long by itself (or, on a
+harmony pool, that the router's own token count says is) loses its oldest turn
+and is sent again (a too large ``max_tokens`` never drops a turn);
 a pool whose vLLM has no token-level generate endpoint falls back to chat;
 failures come out as APIError.
 """
@@ -52,7 +53,15 @@ class Upstream:
         client = self.pool.client
         caps = 0
         while True:
-            body = turn.request(items, stream=stream)
+            try:
+                body = turn.request(items, stream=stream)
+            except InvalidRequest as exc:  # a harmony prompt the router counted past the context itself
+                shorter = drop_oldest_turn(items) if self.truncate and exc.code == "context_length_exceeded" else None
+                if shorter is None:
+                    raise
+                log.info("pool %s: prompt too long (counted), dropped the oldest turn", self.pool.name)
+                items = shorter
+                continue
             path = turn.path
             try:
                 if stream:
