@@ -26,6 +26,10 @@ Limits (``WireLimits``, per pool): an answer read whole stops at ``max_answer_by
 first body byte must come within ``first_byte_timeout_s`` (a hung worker fails the
 call then, not after the read timeout); both are WorkerStreamBroken: WorkerAnswerTooLarge
 and WorkerTimedOut.
+
+Headers of the request being served (its ``x-request-id``, a trace's ``traceparent``) come
+from the context: ``REQUEST_HEADERS``, set by the router for the task answering a client,
+go into every worker request made in it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -40,6 +45,8 @@ import httptools
 
 from backends.errors import WorkerAnswerTooLarge, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
 
+# Header lines ("name: value\r\n" each) sent with every worker request made in this context.
+REQUEST_HEADERS: ContextVar[bytes] = ContextVar("worker_request_headers", default=b"")
 HIGH_WATER = 1 << 20  # body bytes buffered before the socket stops being read
 MAX_IDLE = 512  # idle connections kept per worker
 
@@ -417,7 +424,7 @@ class Wire:
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         accept = "Accept: text/event-stream\r\n" if sse else ""
         head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-                f"{accept}Content-Length: ").encode("latin-1")
+                f"{accept}").encode("latin-1")
         if len(self._heads) > 4096:
             self._heads.clear()
         found = self._heads[key] = (pool, head)
@@ -427,7 +434,7 @@ class Wire:
         """Send a POST; returns the connection once the answer's headers are in, or with
         ``whole`` once all of it is (one wake-up when a worker writes head and body apart)."""
         pool, head = self._target(url, sse)
-        data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, REQUEST_HEADERS.get(), len(body), body)
         while True:
             conn, reused = await pool.acquire()
             conn.send(data, self.limits.first_byte_timeout_s if sse else None)

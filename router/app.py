@@ -25,6 +25,7 @@ from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports,
 from backends.pools import Pool, Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
+from router import telemetry
 from router.api import access
 from router.api.admin import AdminAPI
 from router.api.auth import Authenticator
@@ -134,6 +135,7 @@ class RouterApp:
         await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
         await self.store.close()
+        await asyncio.to_thread(telemetry.shutdown)  # the last spans, within telemetry.FLUSH_S
 
     async def _launch(self, cfg: PoolConfig, pool: Pool) -> list[ManagedWorker]:
         managed = cfg.managed
@@ -259,6 +261,7 @@ def _key_owners(config: Config) -> dict[str, str]:
 
 
 def build(config: Config, base_dir: Path) -> RouterApp:
+    telemetry.setup(config.telemetry)
     store = make_store(config.store, base_dir)
     pools = {cfg.name: _pool(cfg, i, base_dir) for i, cfg in enumerate(config.pools)}
     for cfg in config.pools:

@@ -425,8 +425,18 @@ class SealingConfig(_Section):
         return out
 
 
+class TelemetryConfig(_Section):
+    # OpenTelemetry traces, sent over OTLP/HTTP to this URL (e.g. http://collector:4318/v1/traces);
+    # empty: none. Needs the optional extra: pip install 'responses-router[otel]'.
+    otlp_endpoint: str = ""
+    service_name: str = Field("responses-router", min_length=1)
+    # The share of requests traced (a client's sampled traceparent is always followed).
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+
+
 class Config(_Section):
     server: ServerConfig = ServerConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     harmony: HarmonyConfig = HarmonyConfig()
     background: BackgroundConfig = BackgroundConfig()
     tools: ToolsConfig = ToolsConfig()

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from router import telemetry
+
 log = logging.getLogger("router.access")
 
 # The record of the request being answered in this context (a request's task, and the tasks it starts).
@@ -85,6 +87,7 @@ def begin(method: str, path: str, request_id: str) -> Access:
     global _active
     access = Access(method, path, request_id)
     _current.set(access)
+    telemetry.begin_request(request_id)  # its id goes with every worker request made for it
     _active += 1
     return access
 
@@ -102,8 +105,10 @@ def end(access: Access) -> None:
     """Write the request's line (when info is logged)."""
     global _active
     _active -= 1
-    if log.isEnabledFor(logging.INFO):
+    if log.isEnabledFor(logging.INFO) or telemetry.tracing():
         fields = access.fields()
+        telemetry.note(**{"http.response.status_code": fields["status"], "error.type": fields["error"],
+                          **{f"router.{k}": fields[k] for k in ("key", "model", "arm", "pool", "worker", "response_id")}})
         log.info(_text(fields), extra={"access": fields})
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from router import telemetry
 from router.api import access
 from router.api.http import Body, Headers, error_body, read_raw
 from router.protocol.errors import APIError, internal_error
@@ -90,10 +91,11 @@ class FastPath:
                 record.answered(message["status"])
             await send(message)
 
-        try:
-            await self._answer(scope, receive, sending)
-        finally:
-            access.end(record)
+        with telemetry.request_span(scope["method"], scope["path"], scope["headers"], rid):
+            try:
+                await self._answer(scope, receive, sending)
+            finally:
+                access.end(record)
 
     async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         route = self.hot_routes.get(scope["path"]) if scope["method"] == "POST" else None

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from backends.calls import WorkerCall
 from backends.client import WorkerError
 from backends.errors import NoHealthyWorker
+from router import telemetry
 from router.api import access
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
@@ -83,6 +84,8 @@ class PassthroughAPI:
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
         call = pool.call(relayed=True)
+        done.span = telemetry.start("worker call", **{"router.pool": pool.name, "router.model": target.name})
+        telemetry.inject(done.span)  # the relayed request carries the call's trace context
         try:
             answer = await call.send(pool.client.relay, path, data, hold=True)
         except NoHealthyWorker as exc:
@@ -112,19 +115,24 @@ class PassthroughAPI:
 
 
 class _Done:
-    """Records a relayed request's end into the metrics (passthrough_*), once."""
+    """Records a relayed request's end into the metrics (passthrough_*) and ends its worker-call
+    span, once."""
 
-    __slots__ = ("metrics", "labels", "start")
+    __slots__ = ("metrics", "labels", "start", "span")
 
     def __init__(self, metrics: RouterMetrics | None, labels: tuple[str, str, str, str]) -> None:
         self.metrics = metrics
         self.labels = labels
         self.start = time.perf_counter()
+        self.span: Any = None
 
     def __call__(self, status: int, usage: dict[str, Any] | None = None) -> None:
         if self.metrics is not None:
             self.metrics.passthrough(self.labels, status, time.perf_counter() - self.start, usage)
             self.metrics = None
+        if self.span is not None:
+            telemetry.end(self.span, **{"http.response.status_code": status})
+            self.span = None
 
 
 def _usage(raw: bytes) -> dict[str, Any] | None:

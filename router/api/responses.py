@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.routing import Route
 
+from router import telemetry
 from router.api import access
 from router.api.auth import Authenticator
 from router.api.fastpath import HotRoute
@@ -75,8 +76,9 @@ class ResponsesAPI:
         record = access.current()
         if record is not None:
             record.model = req.model
-        run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s, router_tools=self.router_tools,
-                            metrics=self.metrics, sealer=self.sealer)
+        with telemetry.span("prepare", **{"router.model": req.model}):
+            run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s,
+                                router_tools=self.router_tools, metrics=self.metrics, sealer=self.sealer)
         if record is not None:
             record.run = run  # read as the answer ends: where it was served, its id, tokens, status
         maybe_mirror(self.models[req.model], run)

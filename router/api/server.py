@@ -45,6 +45,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from router import telemetry
 from router.api import access
 from router.api.coalesce import HeadHoldingTransport
 from router.api.connections import ConnectionGuard, ConnectionLimits, Phase, refusal
@@ -332,7 +333,12 @@ class HotCycle(RequestResponseCycle):
         """The handler's answer: a Body written here, a stream run through uvicorn's cycle. Its
         access line is written once the answer has ended (router/api/access.py)."""
         scope: Any = self.scope  # uvicorn types its extensions' values as dicts; the router's id is a str
-        record = access.begin("POST", scope["path"], scope["extensions"]["router.request_id"])
+        rid = scope["extensions"]["router.request_id"]
+        record = access.begin("POST", scope["path"], rid)
+        with telemetry.request_span("POST", scope["path"], scope["headers"], rid):
+            await self._answer(record)
+
+    async def _answer(self, record: access.Access) -> None:
         try:
             if self.too_large:
                 # uvicorn types scope["headers"] as an iterable; its httptools protocol makes it a list

@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from router import telemetry
 from router.api import access
 from router.api.auth import Authenticator
 from router.api.http import error_response, validation_error
@@ -323,19 +324,21 @@ class _Connection:
                 if self.closing:
                     await self._closing_error(sid)
                     continue
-                record = access.begin("WS", "/v1/responses", request_id())  # one access line per response.create
+                rid = request_id()
+                record = access.begin("WS", "/v1/responses", rid)  # one access line (and span) per response.create
                 record.key = self.owner or None
-                try:
-                    await self._respond(frame, sid)
-                except (WebSocketDisconnect, asyncio.CancelledError):
-                    record.error = record.error or "client_disconnected"
-                    raise
-                except Exception:  # keep the connection usable after a bug in one response
-                    log.exception("websocket: response.create failed")
-                    _evict_from(frame, self.cache)
-                    await self._error(internal_error(), sid)
-                finally:
-                    access.end(record)
+                with telemetry.request_span("WS", "/v1/responses", self.ws.scope["headers"], rid):
+                    try:
+                        await self._respond(frame, sid)
+                    except (WebSocketDisconnect, asyncio.CancelledError):
+                        record.error = record.error or "client_disconnected"
+                        raise
+                    except Exception:  # keep the connection usable after a bug in one response
+                        log.exception("websocket: response.create failed")
+                        _evict_from(frame, self.cache)
+                        await self._error(internal_error(), sid)
+                    finally:
+                        access.end(record)
         except WebSocketDisconnect:
             pass
         finally:

@@ -8,9 +8,11 @@ request can choose among them, never add to them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -225,16 +227,19 @@ class Browsing:
 
 async def gather_outcomes(calls: list[Any], tools: RouterTools, servers: dict[str, MCPServer],
                           browser: Browsing | None = None, *, owner: str,
-                          timed: Callable[[str, float, bool], None] | None = None) -> list[CallOutcome]:
+                          timed: Callable[[str, float, bool], None] | None = None,
+                          around: Callable[[str], AbstractContextManager[Any]] | None = None) -> list[CallOutcome]:
     """Run independent calls of one turn concurrently; results come back in call order. ``timed``
-    hears of each: its tool type, seconds, and whether it ended in an error."""
+    hears of each: its tool type, seconds, and whether it ended in an error; ``around(kind)`` is
+    entered around each (a trace span)."""
 
     async def one(call: Any) -> CallOutcome:
         tool = call.tool
         server = servers.get(tool.server_label) if tool.kind == "mcp" else None
         start = time.perf_counter()
-        outcome = await tools.run(tool.kind, tool.name, call.arguments, server=server,
-                                  container=call.item.get("container_id"), browser=browser, owner=owner)
+        with around(tool.kind) if around is not None else contextlib.nullcontext():
+            outcome = await tools.run(tool.kind, tool.name, call.arguments, server=server,
+                                      container=call.item.get("container_id"), browser=browser, owner=owner)
         if timed is not None:
             timed(tool.kind, time.perf_counter() - start, outcome.error is not None)
         return outcome

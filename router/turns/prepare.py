@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from router import telemetry
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import ItemIds, response_id
 from router.protocol.items import Item, message_text, normalize_input
@@ -61,7 +62,9 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     response = response_object(req, response_id=rid)
     if conversation_id is not None:
         response["conversation"] = {"id": conversation_id}
-    routing = await _routing(target, req, store, owner, conversation_id, response["id"], prompt_items, metrics)
+    with telemetry.span("route"):
+        routing = await _routing(target, req, store, owner, conversation_id, response["id"], prompt_items, metrics)
+        telemetry.note(**{"router.arm": routing.arm, "router.pool": routing.route.pool.name})
     if routing.route.dialect == "harmony" and (req.top_logprobs or "message.output_text.logprobs" in (req.include or ())):
         raise InvalidRequest("logprobs are not available for this model (it is served through harmony token ids)",
                              param="top_logprobs", code="unsupported_parameter")

@@ -31,6 +31,7 @@ from typing import Any
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from backends.errors import WorkerAnswerTooLarge, WorkerTimedOut
+from router import telemetry
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, NoCapacity, UpstreamError
 from router.protocol.ids import ItemIds
@@ -111,6 +112,7 @@ class ResponseRun:
     _timer: Any = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
+    _call_span: Any = None  # the worker call's trace span (router/telemetry.py), while it runs
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
     _upstream: Upstream = field(init=False)
@@ -146,7 +148,9 @@ class ResponseRun:
             return self.response
         try:
             await self._compact()
+            self._begin_call()
             answer, self.prompt_items = await self._upstream.post(self._turn, self.prompt_items)
+            self._end_call()
         except APIError as exc:
             raise await self._refused(exc) from None
         except asyncio.CancelledError as exc:
@@ -174,6 +178,7 @@ class ResponseRun:
             self.prompt_items = await self.prelude.run(self.tools, self.prompt_items)
         try:
             await self._compact()
+            self._begin_call()
             self._stream, self.prompt_items = await self._upstream.open(self._turn, self.prompt_items)
         except APIError as exc:
             raise await self._refused(exc) from None
@@ -225,6 +230,7 @@ class ResponseRun:
             if turn_no:
                 self._turn = self.route.turn(self.req, self.tools, self.response["id"])
                 try:
+                    self._begin_call()
                     self._stream, self.prompt_items = await self._upstream.open(self._turn, self.prompt_items)
                 except APIError as exc:
                     yield await self.fail(exc)
@@ -300,7 +306,19 @@ class ResponseRun:
         self._close_stream()
         yield events
 
+    def _begin_call(self) -> None:
+        """A worker call's span, ended with the call (its answer read, its stream closed, or its
+        failure); the worker requests made for it carry its trace context."""
+        self._call_span = telemetry.start("worker call", **{"router.pool": self.route.pool.name, "router.model": self.req.model})
+        telemetry.inject(self._call_span)
+
+    def _end_call(self, error: str | None = None) -> None:
+        if self._call_span is not None:
+            telemetry.end(self._call_span, **{"router.worker": self._upstream.last_url or None, "error.type": error})
+            self._call_span = None
+
     def _close_stream(self) -> None:
+        self._end_call()
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -332,6 +350,7 @@ class ResponseRun:
     async def _refused(self, error: APIError) -> APIError:
         """Record a response that failed before anything was streamed; returns the error to raise
         (its events, for a background run's log, in ``refused_events``)."""
+        self._end_call(error.code or error.type)
         self.refused_events = self._assembler.fail(error)
         await self._end_or_log(error.code or error.type, rejected=error.status < 500)
         return error
@@ -353,7 +372,8 @@ class ResponseRun:
         """Count and record the response as it is now. ``error_code``: why it failed, as precisely as
         the router knows (the Response's own code is one of OpenAI's closed set), for the metrics."""
         self._count(error_code)
-        await self.store_again()
+        with telemetry.span("persist", **{"router.status": self.response["status"]}):
+            await self.store_again()
 
     async def store_again(self) -> None:
         """Record it as it is now, not counted again (its end, once the store is back)."""
@@ -364,11 +384,12 @@ class ResponseRun:
         """Count and record an end that goes to the client whether or not it is stored. ``rejected``:
         it failed through the request's fault (a 4xx: the engine called it bad, it did not fit)."""
         self._count(error_code, rejected)
-        if await self.record.end_or_log(self.response, write=write):
-            try:
-                await self._record_routing()
-            except StoreUnavailable:  # the response is stored; only the next turn's stickiness is lost
-                log.warning("response %s: where it was served could not be stored", self.response["id"])
+        with telemetry.span("persist", **{"router.status": self.response["status"]}):
+            if await self.record.end_or_log(self.response, write=write):
+                try:
+                    await self._record_routing()
+                except StoreUnavailable:  # the response is stored; only the next turn's stickiness is lost
+                    log.warning("response %s: where it was served could not be stored", self.response["id"])
 
     async def _record_routing(self) -> None:
         """Where it was served, for the next turn of its chain (sticky arms, worker affinity)."""

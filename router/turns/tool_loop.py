@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from router import telemetry
 from router.protocol.items import Item
 from router.protocol.tools import ToolSet
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
@@ -53,7 +54,7 @@ class ToolLoop:
         servers = self.prelude.servers if self.prelude is not None else {}
         timed = self.metrics.tool_call if self.metrics is not None else None
         outcomes = await gather_outcomes(calls, self.router_tools, servers, Browsing.from_items(prompt_items), owner=self.owner,
-                                         timed=timed)
+                                         timed=timed, around=_tool_span if telemetry.tracing() else None)
         events: list[Event] = []
         by_id: dict[str, str] = {}
         for call, outcome in zip(calls, outcomes):
@@ -75,3 +76,7 @@ class ToolLoop:
             if item["type"] == "function_call" and self.tools.lookup(name) is None and ("." in name or name == "python"):
                 return "tool_not_available"
         return None
+
+
+def _tool_span(kind: str) -> Any:
+    return telemetry.span("tool call", **{"router.tool": kind})
