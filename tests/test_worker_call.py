@@ -461,7 +461,11 @@ def test_real_workers_a_drop_before_the_answer_is_retried_and_after_its_head_is_
 
 def test_real_workers_the_passthrough_releases_a_stream_it_never_read() -> None:
     """A relayed stream closed before its first chunk (the client left as its head went out)."""
-    from router.api.passthrough import _Relayed
+    from router.api.passthrough import _Done, _Relayed
+    from router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    labels = ("m", "sim", "sim", "chat")
 
     async def main() -> None:
         runners, urls = await _sims(1)
@@ -470,14 +474,16 @@ def test_real_workers_the_passthrough_releases_a_stream_it_never_read() -> None:
             call = pool.call()
             data = b'{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "[sim:tokens=50]"}]}'
             answer = await call.send(pool.client.relay, "/v1/chat/completions", data, hold=True)
-            relayed = _Relayed(answer.chunks(), call)
+            relayed = _Relayed(answer.chunks(), call, _Done(metrics, labels), answer.status)
             assert counted(pool) == [1]
             await relayed.aclose()
             assert counted(pool) == [0]
+            assert metrics.passthrough_requests.get((*labels, "200")) == 1  # recorded once, closed unread
             call = pool.call()  # and one read to its end
             answer = await call.send(pool.client.relay, "/v1/chat/completions", data, hold=True)
-            chunks = [c async for c in _Relayed(answer.chunks(), call)]
+            chunks = [c async for c in _Relayed(answer.chunks(), call, _Done(metrics, labels), answer.status)]
             assert b"[DONE]" in b"".join(chunks) and counted(pool) == [0]
+            assert metrics.passthrough_requests.get((*labels, "200")) == 2
 
         try:
             await _with_pool(urls, body)
