@@ -12,8 +12,10 @@ then take ``vllm_prepared`` as a fixture.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import ROOT, load_script
+from tests.procs import ROOT, RouterProcess, http_status, load_script
 
 SCRIPT = ROOT / "scripts" / "prepare_vllm_cpu.py"
 
@@ -75,3 +77,48 @@ def real_model_prepared(request: pytest.FixtureRequest, vllm_prepared: Any) -> A
         pytest.fail(f"preparing the real model for the engine tests failed: {type(exc).__name__}: {exc}", pytrace=False)
     sys.stderr.write(f"\nreal model prepared in {time.monotonic() - started:.1f} s: {model.path} {model.timings}\n")
     return model
+
+
+# -- routers in front of vLLM CPU workers (tests/test_engine_*.py) --------------------------------
+
+
+def engine_cpu() -> list[str]:
+    """The prefix of a vLLM CPU worker's command: the last core, niced. A busy vLLM CPU engine
+    spins on every core it may use (its scheduler busy-waits) and, on a 2-core machine, starves the
+    router and the test for seconds at a time; on a GPU machine the engine leaves the CPU alone."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 else []
+    return [*pin, "nice", "-n", "15"]
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+def engine_logs(router: RouterProcess) -> str:
+    """The router's log and its managed workers', the tail of each: what a failure shows."""
+    parts = [f"--- router log ---\n{_tail(router.log_path)}"]
+    for log in sorted((router.dir / "logs").glob("*.log")):
+        parts.append(f"--- {log.name} ---\n{_tail(log)}")
+    return "\n".join(parts)
+
+
+def serving(router: RouterProcess, ready_s: float, what: str) -> Iterator[RouterProcess]:
+    """A router started with ``wait=False`` (it listens only once every managed worker is ready),
+    yielded once it answers, stopped cleanly after: the body of a module's router fixture."""
+    started = time.monotonic()
+    while http_status(router.base_url + "/health", timeout=2) is None:
+        if router.proc.poll() is not None:
+            pytest.fail(f"router exited with {router.proc.returncode} while starting vLLM:\n{engine_logs(router)}",
+                        pytrace=False)
+        if time.monotonic() - started > ready_s:
+            router.stop()
+            pytest.fail(f"router not up after {ready_s} s:\n{engine_logs(router)}", pytrace=False)
+        time.sleep(0.5)
+    sys.stderr.write(f"\nrouter with {what} up in {time.monotonic() - started:.1f} s\n")
+    yield router
+    code = router.stop()
+    assert code == 0, f"router exited with {code}:\n{engine_logs(router)}"

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -35,8 +32,8 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
 from pydantic import BaseModel
 
-from tests.engine_env import real_model_prepared, vllm_prepared  # noqa: F401 - the session fixtures
-from tests.procs import RouterProcess, free_range, http_status, start_router
+from tests.engine_env import engine_cpu, real_model_prepared, serving, vllm_prepared  # noqa: F401 - the session fixtures
+from tests.procs import RouterProcess, free_range, start_router
 from tests.streamrules import check_stream, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
@@ -53,34 +50,12 @@ FOLLOW_UP = "And of Germany?"  # only the first turn makes this a question about
 FRENCH = "Réponds toujours en français."
 
 
-def _engine_cpu() -> list[str]:
-    """Pinned to the last core and niced, as in tests/test_engine_vllm.py: a busy vLLM CPU engine
-    busy-waits on every core it may use and would starve the router and the test."""
-    cpus = sorted(os.sched_getaffinity(0))
-    pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 else []
-    return [*pin, "nice", "-n", "15"]
-
-
-def _tail(path: Path, chars: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
-
-
-def _logs(router: RouterProcess) -> str:
-    parts = [f"--- router log ---\n{_tail(router.log_path)}"]
-    for log in sorted((router.dir / "logs").glob("*.log")):
-        parts.append(f"--- {log.name} ---\n{_tail(log)}")
-    return "\n".join(parts)
-
-
 def real_pool_toml(name: str, model: Path, prepared: Any, *, health_interval_s: float = 0.5) -> str:
     """A managed chat pool of one vLLM worker on the real model (also used by bench/engine_latency.py)."""
     first, last = free_range()
     cache = Path(prepared.cache) / "vllm-runtime"
     env = {**prepared.engine_env(), "VLLM_CACHE_ROOT": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-    command = [*_engine_cpu(), str(prepared.python), "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
+    command = [*engine_cpu(), str(prepared.python), "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
                "--host", "{host}", "--port", "{port}"]
     extra = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
              "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
@@ -114,19 +89,7 @@ def real_router(tmp_path_factory: pytest.TempPathFactory, vllm_prepared: Any,  #
                 real_model_prepared: Any) -> Iterator[RouterProcess]:  # noqa: F811
     router = start_router(tmp_path_factory.mktemp("real-model"), real_pool_toml("smol", real_model_prepared.path,
                                                                                 vllm_prepared), wait=False)
-    started = time.monotonic()
-    while http_status(router.base_url + "/health", timeout=2) is None:  # listens once its worker is ready
-        if router.proc.poll() is not None:
-            pytest.fail(f"router exited with {router.proc.returncode} while starting vLLM:\n{_logs(router)}", pytrace=False)
-        if time.monotonic() - started > ROUTER_READY_S:
-            router.stop()
-            pytest.fail(f"router not up after {ROUTER_READY_S} s:\n{_logs(router)}", pytrace=False)
-        time.sleep(0.5)
-    sys.stderr.write(f"\nrouter with a vLLM CPU worker on {real_model_prepared.path.name} up in "
-                     f"{time.monotonic() - started:.1f} s\n")
-    yield router
-    code = router.stop()
-    assert code == 0, f"router exited with {code}:\n{_logs(router)}"
+    yield from serving(router, ROUTER_READY_S, f"a vLLM CPU worker on {real_model_prepared.path.name}")
 
 
 @pytest.fixture(scope="module")

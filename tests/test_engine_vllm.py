@@ -22,7 +22,6 @@ import json
 import os
 import re
 import signal
-import sys
 import threading
 import time
 import urllib.error
@@ -34,8 +33,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.engine_env import vllm_prepared  # noqa: F401 - the session fixture
-from tests.procs import RouterProcess, free_range, http_status, start_router
+from tests.engine_env import engine_cpu, serving, vllm_prepared  # noqa: F401 - vllm_prepared: the session fixture
+from tests.procs import RouterProcess, free_range, start_router
 from tests.streamrules import check_stream, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
@@ -50,16 +49,7 @@ START_TIMEOUT_S = 300
 ROUTER_READY_S = 2 * START_TIMEOUT_S + 30
 
 
-def _engine_cpu() -> list[str]:
-    """A busy vLLM CPU engine spins on every core it may use (its scheduler busy-waits) and, on
-    this 2-core machine, starves the router and the test for seconds at a time. On a GPU machine
-    the engine leaves the CPU to them; here it gets the last core, niced."""
-    cpus = sorted(os.sched_getaffinity(0))
-    pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 else []
-    return [*pin, "nice", "-n", "15"]
-
-
-_ENGINE_CPU = _engine_cpu()
+_ENGINE_CPU = engine_cpu()
 
 
 def _pool(name: str, model: Path, prepared: Any, *, dialect: str, env: dict[str, str]) -> str:
@@ -89,20 +79,6 @@ log_dir = "logs"
 """
 
 
-def _tail(path: Path, chars: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
-
-
-def _logs(router: RouterProcess) -> str:
-    parts = [f"--- router log ---\n{_tail(router.log_path)}"]
-    for log in sorted((router.dir / "logs").glob("*.log")):
-        parts.append(f"--- {log.name} ---\n{_tail(log)}")
-    return "\n".join(parts)
-
-
 @pytest.fixture(scope="module")
 def engine_router(tmp_path_factory: pytest.TempPathFactory, vllm_prepared: Any) -> Iterator[RouterProcess]:  # noqa: F811
     prepared = vllm_prepared
@@ -114,20 +90,7 @@ def engine_router(tmp_path_factory: pytest.TempPathFactory, vllm_prepared: Any) 
         + f'\n[[models]]\nname = "{CHAT}"\npool = "{CHAT}"\n[[models]]\nname = "{OSS}"\npool = "{OSS}"\n'
     )
     tmp = tmp_path_factory.mktemp("engine")
-    router = start_router(tmp, body, wait=False)
-    started = time.monotonic()
-    # The router listens only once every managed worker is ready.
-    while http_status(router.base_url + "/health", timeout=2) is None:
-        if router.proc.poll() is not None:
-            pytest.fail(f"router exited with {router.proc.returncode} while starting vLLM:\n{_logs(router)}", pytrace=False)
-        if time.monotonic() - started > ROUTER_READY_S:
-            router.stop()
-            pytest.fail(f"router not up after {ROUTER_READY_S} s:\n{_logs(router)}", pytrace=False)
-        time.sleep(0.5)
-    sys.stderr.write(f"\nrouter with two vLLM CPU workers up in {time.monotonic() - started:.1f} s\n")
-    yield router
-    code = router.stop()
-    assert code == 0, f"router exited with {code}:\n{_logs(router)}"
+    yield from serving(start_router(tmp, body, wait=False), ROUTER_READY_S, "two vLLM CPU workers")
 
 
 @pytest.fixture(scope="module")
