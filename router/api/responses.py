@@ -71,26 +71,30 @@ class ResponsesAPI:
         return await self.create_from(request.scope["headers"], await read_raw(request, self.max_body_bytes))
 
     async def create_from(self, headers: Headers, raw: bytes) -> Body | StreamBody:
+        """A create's stages, in order (docs/ARCHITECTURE.md "A response's way")."""
+        # read: the key, then the request, validated whole
         owner = self.auth.owner_of(headers)
         req = parse_model(CreateResponse, await decode_request(headers, raw, self.max_body_bytes))
         record = access.current()
         if record is not None:
             record.model = req.model
+        # prepare and route: everything that can be refused is, before a worker call or a write
         with telemetry.span("prepare", **{"router.model": req.model}):
             run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s,
                                 router_tools=self.router_tools, metrics=self.metrics, sealer=self.sealer)
         if record is not None:
             record.run = run  # read as the answer ends: where it was served, its id, tokens, status
-        maybe_mirror(self.models[req.model], run)
-        if req.background:
+        maybe_mirror(self.models[req.model], run)  # shadow traffic, on a task of its own
+        # build request, execute, assemble, persist (turns/runner.py), then respond
+        if req.background:  # run detached; the client gets it queued, or its replayed events
             queued = await self.background.submit(run)
             if not req.stream:
                 return json_response(queued)
             return event_stream(self.background.replay(queued["id"], owner, -1))
-        if not req.stream:
-            body = await run.complete()  # stored whole; answered as the request's include shows it
+        if not req.stream:  # run to the end: stored whole, answered as the request's include shows it
+            body = await run.complete()
             return json_response(response_view(body, req.include or ()), headers=run.served_by)
-        await run.open_stream()
+        await run.open_stream()  # a worker has taken it: the 200 can go out
         return event_stream(self.leases.stream(run), run.served_by, attach=run.attach_writer)
 
     async def retrieve(self, request: Request) -> Body | StreamBody:
