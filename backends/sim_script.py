@@ -332,7 +332,53 @@ def answer_tokens(body: dict, messages: list[dict], markers: dict[str, str | Non
     if messages[-1].get("role") == "tool":
         return word_tokens("tool said: " + message_text(messages[-1]))
     n = int_marker(markers, "tokens")
-    return generate_tokens(messages, min(default_tokens if n is None else n, limit))
+    return generate_tokens(messages, min(default_tokens if n is None else n, limit), seed_salt(body))
+
+
+def seed_salt(body: dict) -> bytes:
+    """The request's ``seed`` as a salt of the generated words: the same seed gives the same words,
+    another seed others (the engines' sampling seed; without one the words depend on the prompt alone)."""
+    seed = body.get("seed")
+    if seed is None:
+        return b""
+    if type(seed) is not int:
+        raise SimError(400, "'seed' must be an integer.", "seed")
+    return b"seed=%d" % seed
+
+
+def stop_strings(body: dict) -> list[str]:
+    """The request's ``stop``, validated as vLLM's request model does (a string or a list of strings)."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise SimError(400, "'stop' must be a string or a list of strings.", "stop")
+    return [s for s in stops if s]
+
+
+def apply_stop(steps: list[Step], stops: list[str], keep: bool) -> list[Step]:
+    """The answer cut before the first stop string its text holds (with it, when ``keep``: vLLM's
+    include_stop_str_in_output): as the engines stop, the text after it is never generated."""
+    text = "".join(s.text for s in steps if s.kind == "content")
+    found = [(i, stop) for stop in stops if (i := text.find(stop)) >= 0]
+    if not found:
+        return steps
+    at, stop = min(found)
+    end = at + len(stop) if keep else at
+    out: list[Step] = []
+    seen = 0
+    for step in steps:
+        if step.kind != "content":
+            out.append(step)
+            continue
+        if seen >= end:
+            break
+        piece = step.text[:end - seen]
+        seen += len(step.text)
+        if piece:
+            out.append(Step("content", piece))
+    return out
 
 
 def build_script(engine: str, body: dict, messages: list[dict], markers: dict[str, str | None],
@@ -342,7 +388,7 @@ def build_script(engine: str, body: dict, messages: list[dict], markers: dict[st
     steps: list[Step] = []
     reason, think = int_marker(markers, "reason"), int_marker(markers, "think")
     if reason is not None:
-        steps += [Step("reasoning", t) for t in generate_tokens(messages, min(reason, limit), b"r")]
+        steps += [Step("reasoning", t) for t in generate_tokens(messages, min(reason, limit), b"r" + seed_salt(body))]
     if think is not None:
         thought = generate_tokens(messages, min(think, limit), b"t")
         steps += [Step("content", t) for t in (THINK_OPEN, *thought, THINK_CLOSE)]
@@ -359,6 +405,11 @@ def build_script(engine: str, body: dict, messages: list[dict], markers: dict[st
         else:
             steps += [Step("content", t) for t in answer_tokens(
                 body, messages, markers, opts, default_tokens, limit)]
+            stops = stop_strings(body)
+            if stops:
+                # kept with the text: vLLM's include_stop_str_in_output, SGLang's no_stop_trim
+                keep = body.get("include_stop_str_in_output") is True or body.get("no_stop_trim") is True
+                steps = apply_stop(steps, stops, keep)
     return Script(steps, calls, choice, parser=reason is not None)
 
 

@@ -270,11 +270,14 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         store.quiet = lambda: not any(w.in_flight for p in pools.values() for w in p.workers)
     encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
     model_routes = {
-        cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect, ChatOptions(**cfg.chat.model_dump()),
+        cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect,
+                             ChatOptions(**cfg.chat.model_dump(), engine=cfg.engine, honor_service_tier=cfg.honor_service_tier),
                              encoding if cfg.dialect == "harmony" else None)
         for cfg in config.pools
     }
-    targets = {m.name: ModelTarget.from_config(m, model_routes, affinity={c.name for c in config.pools if c.policy == "affinity"})
+    key_events = {k.name: k.reasoning_events for k in config.auth.keys if k.reasoning_events is not None}
+    targets = {m.name: ModelTarget.from_config(m, model_routes, affinity={c.name for c in config.pools if c.policy == "affinity"},
+                                               key_events=key_events)
                for m in config.models}
     metrics = RouterMetrics()
     metrics.watch_pools(lambda: pools.values())

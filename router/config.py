@@ -104,6 +104,8 @@ class ApiKey(_Section):
     key: str | None = Field(None, min_length=8)
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     key_env: str | None = Field(None, min_length=1)
+    # The names of this key's streamed reasoning events (README "Reasoning event names"); unset: the model's.
+    reasoning_events: Literal["openai", "open-responses"] | None = None
 
     @model_validator(mode="after")
     def _one_way(self) -> ApiKey:
@@ -294,6 +296,9 @@ class ModelConfig(_Section):
     pool: str = ""
     arms: list[ArmConfig] = []
     shadow: ShadowConfig | None = None
+    # The names of its streamed reasoning events: OpenAI's (response.reasoning_text.*) or the Open
+    # Responses specification's (response.reasoning.*); a request's reasoning_events or its key's win.
+    reasoning_events: Literal["openai", "open-responses"] = "openai"
 
     @model_validator(mode="after")
     def _one_target(self) -> ModelConfig:

@@ -19,7 +19,7 @@ from router.dialects.think import ThinkSplitter
 from router.protocol.errors import InvalidRequest
 from router.protocol.ids import new_id
 from router.protocol.items import Item
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import CreateResponse, engine_options
 from router.protocol.tools import FIND_IN_PAGE, OPEN_PAGE, ToolSet, engine_name
 
 ReasoningEffortAs = Literal["reasoning_effort", "enable_thinking", "thinking", "drop"]
@@ -41,6 +41,49 @@ class ChatOptions:
     accepts_files: bool = False
     # "data_only": image and file URLs other than data: are refused (400), as the engine would fetch them.
     media_urls: Literal["any", "data_only"] = "any"
+    # The pool's engine (vllm, sglang, sim): which engine options it takes, and under which names.
+    engine: str = "vllm"
+    # The pool's engine schedules by request priority: service_tier "priority" / "flex" become one.
+    honor_service_tier: bool = False
+
+
+# Engine options (router/protocol/requests.py ENGINE_FIELDS) -> the chat-completions field each engine
+# takes it as; an engine missing from a field's entry does not take it (a 400 naming the field and the
+# pool, router/turns/prepare.py). vLLM: its ChatCompletionRequest has every field of its ResponsesRequest
+# under the same name (vllm/entrypoints/openai/chat_completion/protocol.py, 0.32). SGLang's
+# ChatCompletionRequest (python/sglang/srt/entrypoints/openai/protocol.py): the request id is ``rid``,
+# the stop string kept is ``no_stop_trim``; it has no vllm_xargs. The sim takes what it honours:
+# ``seed`` (its words are drawn with it) and ``stop`` (its answer ends before the first stop string).
+_BOTH = {"vllm": "", "sglang": ""}
+ENGINE_OPTIONS: dict[str, dict[str, str]] = {
+    "seed": {**_BOTH, "sim": ""},
+    "stop": {**_BOTH, "sim": ""},
+    "top_k": _BOTH,
+    "min_p": _BOTH,
+    "repetition_penalty": _BOTH,
+    "presence_penalty": _BOTH,
+    "frequency_penalty": _BOTH,
+    "logit_bias": _BOTH,
+    "priority": _BOTH,
+    "cache_salt": _BOTH,
+    "request_id": {"vllm": "", "sglang": "rid"},
+    "session_id": _BOTH,
+    "chat_template_kwargs": _BOTH,
+    "stop_token_ids": _BOTH,
+    "ignore_eos": _BOTH,
+    "skip_special_tokens": _BOTH,
+    "include_stop_str_in_output": {"vllm": "", "sglang": "no_stop_trim"},
+    "extra_key": {"sglang": ""},
+    "vllm_xargs": {"vllm": ""},
+}
+# service_tier on a pool with honor_service_tier: the engine's request priority (lower runs first on
+# both engines as the launcher starts them; 0 is the default of both).
+TIER_PRIORITY = {"priority": -1, "flex": 1}
+
+
+def refused_options(options: dict[str, Any], engine: str) -> list[str]:
+    """The engine options of ``options`` (requests.engine_options) that ``engine`` does not take."""
+    return [name for name in options if engine not in ENGINE_OPTIONS[name]]
 
 
 # Item types after which a tool call still belongs to the same assistant turn.
@@ -222,6 +265,16 @@ def build_request(
     elif fmt["type"] == "json_object":
         body["response_format"] = {"type": "json_object"}
     _reasoning_switch(body, (req.reasoning or {}).get("effort"), options)
+    tier = TIER_PRIORITY.get(req.service_tier or "")
+    if tier is not None and options.honor_service_tier and options.engine in ENGINE_OPTIONS["priority"]:
+        body["priority"] = tier  # an explicit "priority" (below) wins
+    for name, value in engine_options(req).items():  # refused in prepare where the engine lacks one
+        wire = ENGINE_OPTIONS[name].get(options.engine)
+        if wire is None:
+            continue
+        if name == "chat_template_kwargs" and "chat_template_kwargs" in body:  # the client's keys win over the effort switch
+            value = {**body["chat_template_kwargs"], **value}
+        body[wire or name] = value
     if req.top_logprobs or "message.output_text.logprobs" in (req.include or ()):
         body["logprobs"] = True
         body["top_logprobs"] = req.top_logprobs or 0

@@ -21,6 +21,7 @@ _DELTAS: dict[str, tuple[str | None, str]] = {
     "response.output_text.delta": ("content", "text"),
     "response.refusal.delta": ("content", "refusal"),
     "response.reasoning_text.delta": ("content", "text"),
+    "response.reasoning.delta": ("content", "text"),  # the Open Responses name (a request's reasoning_events)
     "response.reasoning_summary_text.delta": ("summary", "text"),
     "response.function_call_arguments.delta": (None, "arguments"),
     "response.mcp_call_arguments.delta": (None, "arguments"),

@@ -79,6 +79,34 @@ class CreateResponse(BaseModel):
     # and a background response here runs at once, inside any completion window asked for.
     prompt_cache_options: dict[str, Any] | None = None
     background_options: dict[str, Any] | None = None
+    # Which names a stream's reasoning events take: "openai" (response.reasoning_text.delta / .done,
+    # the openai SDK's) or "open-responses" (response.reasoning.delta / .done, the Open Responses
+    # specification's); unset: the API key's or the model's setting in config, else "openai".
+    reasoning_events: Literal["openai", "open-responses"] | None = None
+    # Engine options: what vLLM's and SGLang's own Responses servers take beyond OpenAI's fields (the
+    # openai SDK sends them in extra_body). Each goes to the engine on pools whose engine takes it
+    # (router/dialects/chat.py ENGINE_OPTIONS) and is a 400 naming it and the pool elsewhere
+    # (router/turns/prepare.py); bounds as vLLM's request model has them. Measured (callgrind, validation and
+    # check_supported of a plain create): these 20 fields with reasoning_events cost ~12.6k instructions, ~1.3% of a create.
+    seed: int | None = Field(None, ge=-2**63, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    priority: int | None = Field(None, ge=-2**63, le=INT64_MAX)
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    chat_template_kwargs: dict[str, Any] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = None
+    ignore_eos: Flag = None
+    skip_special_tokens: Flag = None
+    include_stop_str_in_output: Flag = None
+    extra_key: str | None = Field(None, min_length=1, max_length=256)
+    vllm_xargs: dict[str, Any] | None = None
     # OpenAI's own services (UNSUPPORTED) are not fields: refused as unknown, by their own name. Every
     # field costs each create's validation (callgrind: ~0.5k instructions a field).
 
@@ -134,11 +162,41 @@ VERBOSITIES = (None, "low", "medium", "high")
 SERVICE_TIERS = (None, "auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 # Fields holding free-form JSON: pydantic reads any integer into them, orjson writes 64 bits at most.
 _FREE_FORM = frozenset({"input", "tools", "tool_choice", "text", "reasoning", "conversation", "stream_options", "prompt",
-                        "context_management", "client_metadata", "prompt_cache_options", "background_options"})
+                        "context_management", "client_metadata", "prompt_cache_options", "background_options",
+                        "chat_template_kwargs", "vllm_xargs"})
+# The engine options (see CreateResponse): a request that sets none of them (nearly all) skips their checks.
+ENGINE_FIELDS = frozenset({"seed", "stop", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                           "logit_bias", "priority", "cache_salt", "request_id", "session_id", "chat_template_kwargs",
+                           "stop_token_ids", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+                           "extra_key", "vllm_xargs"})
+MAX_STOP = 4  # stop sequences, as OpenAI and vLLM allow
+
+
+def engine_options(req: CreateResponse) -> dict[str, Any]:
+    """The engine options the request sets (not null), by field name, in the model's order."""
+    sent = req.model_fields_set & ENGINE_FIELDS
+    if not sent:
+        return {}
+    return {name: value for name in CreateResponse.model_fields if name in sent and (value := getattr(req, name)) is not None}
+
+
 # Parameters of the SDK's for services of OpenAI's own: refused (``unsupported_parameter``, see
 # router/api/http.py) rather than ignored, since a client setting one expects it to act.
 UNSUPPORTED = {"moderation": "moderation", "access_programs": "access programs", "image": "request-level image options",
                "personality": "a model style preset (personality)"}
+# Options of the engines' own Responses servers that this router does not pass on (the ones it does are
+# fields, ENGINE_FIELDS): refused by name, never silently dropped.
+UNSUPPORTED.update({
+    "include_reasoning": "vLLM's include_reasoning (reasoning items come back whenever the model reasons)",
+    "enable_response_messages": "vLLM's enable_response_messages (harmony messages in the response)",
+    "previous_input_messages": "vLLM's previous_input_messages (send the history as input items, or previous_response_id)",
+    "structured_outputs": "vLLM's structured_outputs (use text.format)",
+    "mm_processor_kwargs": "vLLM's mm_processor_kwargs", "media_io_kwargs": "vLLM's media_io_kwargs",
+    "mm_payload": "vLLM's mm_payload", "return_mm_kwargs": "vLLM's return_mm_kwargs",
+    "kv_transfer_params": "vLLM's kv_transfer_params (disaggregated serving)",
+    "ec_transfer_params": "vLLM's ec_transfer_params (disaggregated serving)",
+    "watermarking": "vLLM's watermarking", "ngram_corpus_id": "SGLang's ngram_corpus_id",
+})
 _DEFAULTS = {"store": True, "stream": False, "background": False, "parallel_tool_calls": True}
 _FLAGS = frozenset(_DEFAULTS)
 
@@ -193,6 +251,10 @@ def check_supported(req: CreateResponse) -> None:
     if req.service_tier is not None:
         _one_of(req.service_tier, SERVICE_TIERS, "service_tier")
     compact_threshold(req)
+    if req.stop is not None:
+        _check_stop(req.stop)
+    if req.stream_options is not None:
+        _check_stream_options(req.stream_options)
     if req.prompt is not None:
         raise InvalidRequest("prompt templates are not supported", param="prompt", code="unsupported_parameter")
     check_include(req.include)
@@ -203,3 +265,22 @@ def check_supported(req: CreateResponse) -> None:
             raise InvalidRequest("text.format.type must be text, json_object or json_schema", param="text.format.type")
         if kind == "json_schema" and not (isinstance(fmt.get("schema"), dict) and isinstance(fmt.get("name"), str)):
             raise InvalidRequest("text.format json_schema needs a name and a schema object", param="text.format.schema")
+
+
+def _check_stop(stop: str | list[str]) -> None:
+    """``stop``: a string or at most MAX_STOP non-empty strings (a 400 naming the one that is wrong)."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if len(stops) > MAX_STOP:
+        raise InvalidRequest(f"stop takes at most {MAX_STOP} sequences (got {len(stops)})", param="stop", code="invalid_value")
+    for i, text in enumerate(stops):
+        if not text:
+            raise InvalidRequest("a stop sequence cannot be empty", param="stop" if isinstance(stop, str) else f"stop[{i}]",
+                                 code="invalid_value")
+
+
+def _check_stream_options(options: dict[str, Any]) -> None:
+    """``stream_options.include_obfuscation``, when sent, a boolean (OpenAI's only stream option)."""
+    value = options.get("include_obfuscation")
+    if value is not None and type(value) is not bool:
+        raise InvalidRequest("stream_options.include_obfuscation must be a boolean", param="stream_options.include_obfuscation",
+                             code="invalid_type")

@@ -12,6 +12,7 @@ order; stable item ids; the full ``output`` in the terminal event.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Collection
 from typing import Any
@@ -26,9 +27,23 @@ from router.turns.tool_items import ApprovalRequestItem, ListToolsItem, RouterCa
 
 Event = dict[str, Any]
 
+# The reasoning text events' names (delta, done): OpenAI's, which the openai SDK types, and the Open
+# Responses specification's (its schema/events.tsp: ResponseReasoningDeltaStreamingEvent and
+# ResponseReasoningDoneStreamingEvent, the same fields). README "Reasoning event names".
+OPENAI_REASONING = ("response.reasoning_text.delta", "response.reasoning_text.done")
+OPEN_RESPONSES_REASONING = ("response.reasoning.delta", "response.reasoning.done")
+REASONING_EVENTS = {"openai": OPENAI_REASONING, "open-responses": OPEN_RESPONSES_REASONING}
+
 
 class Assembler:
     """Builds one response from deltas; holds per-request state only."""
+
+    # The names of reasoning text events: set before the first event for another vocabulary
+    # (REASONING_EVENTS); a reasoning item takes them when it opens, so no streamed token pays for it.
+    reasoning_events: tuple[str, str] = OPENAI_REASONING
+    # stream_options.include_obfuscation: delta events carry an ``obfuscation`` field (``obfuscate``).
+    obfuscating = False
+    _pad = ""
 
     def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
                  seal: Any = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
@@ -292,6 +307,26 @@ class Assembler:
         return self.event({"type": kind, "response": snapshot})
 
     def event(self, event: Event) -> Event:
+        event["sequence_number"] = self._seq
+        self._seq += 1
+        return event
+
+    def obfuscate(self) -> None:
+        """``stream_options.include_obfuscation``, as OpenAI's: from now on every event with a text
+        ``delta`` carries ``obfuscation``, random URL-safe characters (a slice of 4,096 drawn per
+        response, moving with each event) that pad the delta to a multiple of 16 characters (1 to 16
+        of them), so a stream's frame sizes do not show its tokens' lengths. Its events take ``event``
+        below; the per-token fast paths (``text``, ``reasoning``) are not used then (turns/reader.py),
+        so a stream without it pays nothing."""
+        self.obfuscating = True
+        self._pad = secrets.token_urlsafe(3072)  # 4,096 characters
+        self.event = self._padded  # type: ignore[method-assign]
+
+    def _padded(self, event: Event) -> Event:
+        delta = event.get("delta")
+        if type(delta) is str:
+            start = self._seq * 17 % 4080
+            event["obfuscation"] = self._pad[start:start + 16 - len(delta) % 16]
         event["sequence_number"] = self._seq
         self._seq += 1
         return event

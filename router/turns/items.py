@@ -21,6 +21,7 @@ class Sink(Protocol):
     output: list[dict[str, Any]]
     sources: dict[str, str]  # url -> title of pages a web search returned in this response
     include: frozenset[str]  # the request's ``include``: what the items its events carry show
+    reasoning_events: tuple[str, str]  # the names of reasoning text events: delta, done (turns/assembler.py)
 
     def ids(self, prefix: str) -> str: ...  # a new item's id (the response's ItemIds)
 
@@ -175,7 +176,7 @@ class ReasoningItem(OpenItem):
         self.chunks: list[str] = []
         # The delta event, its delta and number still to set: copied per piece of reasoning, here and
         # in Assembler.reasoning (the runner's per-token fast path).
-        self.delta_event: Event = {"type": "response.reasoning_text.delta", **self._base(0), "delta": "", "sequence_number": 0}
+        self.delta_event: Event = {"type": sink.reasoning_events[0], **self._base(0), "delta": "", "sequence_number": 0}
 
     def announce(self, events: list[Event]) -> None:
         super().announce(events)
@@ -194,7 +195,7 @@ class ReasoningItem(OpenItem):
         part = self.item["content"][0]
         part["text"] = text
         base = self._base(0)
-        events.append(self.sink.event({"type": "response.reasoning_text.done", **base, "text": text}))
+        events.append(self.sink.event({"type": self.sink.reasoning_events[1], **base, "text": text}))
         events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
         if self._summaries:
             self._summary(text, events)

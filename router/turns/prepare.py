@@ -9,18 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 from router import telemetry
+from router.dialects.chat import refused_options
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import ItemIds, response_id
 from router.protocol.items import Item, message_text, normalize_input
-from router.protocol.requests import CreateResponse, check_supported
+from router.protocol.requests import CreateResponse, check_supported, engine_options
 from router.protocol.sealing import Sealer, expand_compactions, open_reasoning, seal_reasoning
 from router.protocol.shapes import response_object
 from router.protocol.tools import build_toolset
 from router.state.store import Store
 from router.tools.registry import RouterTools
+from router.turns.assembler import REASONING_EVENTS
 from router.turns.history import check_tool_outputs, load_history, resolve_input
 from router.turns.prelude import build_prelude
 from router.turns.record import Record
+from router.turns.route import ModelRoute
 from router.turns.routing import ModelTarget, Routing, prefix_hash
 from router.turns.runner import ResponseRun
 
@@ -73,14 +76,35 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
 
         refuse_media(written, input_items, history, model=req.model,
                      history_param="conversation" if conversation_id is not None else "previous_response_id")
+    options = engine_options(req)
+    if options:
+        _check_engine_options(options, routing.route, req.model)
+        response.update(options)  # recorded with the response (a later turn gets them only if it sends them again)
     record = Record(store=store, owner=owner, stored=bool(req.store), previous_response_id=req.previous_response_id,
                     input_items=input_items, background=bool(req.background), ttl_s=ttl_s,
                     conversation_id=conversation_id, conversation_position=seen_until)
+    # The request's, else its key's, else the model's choice (README "Reasoning event names").
+    events = req.reasoning_events or target.key_events.get(owner) or target.reasoning_events
     return ResponseRun(
         req=req, owner=owner, route=routing.route, tools=tools, prompt_items=prompt_items, response=response,
         record=record, router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
-        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids,
+        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids, reasoning_events=REASONING_EVENTS[events],
+        obfuscate=bool(req.stream) and (req.stream_options or {}).get("include_obfuscation") is True,
     )
+
+
+def _check_engine_options(options: dict[str, Any], route: ModelRoute, model: str) -> None:
+    """A 400 naming the first engine option the pool serving this request cannot take, and the pool."""
+    pool = route.pool
+    if route.dialect == "harmony":  # TODO: pass them in the generate call's sampling parameters
+        name = next(iter(options))
+        raise InvalidRequest(f"'{name}' is not available for model '{model}' on pool '{pool.name}': the pool serves gpt-oss "
+                             "through harmony, which takes no engine options yet", param=name, code="unsupported_parameter")
+    refused = refused_options(options, pool.engine.name)
+    if refused:
+        name = refused[0]
+        raise InvalidRequest(f"'{name}' is not available for model '{model}' on pool '{pool.name}': its engine "
+                             f"({pool.engine.name}) does not take it", param=name, code="unsupported_parameter")
 
 
 def _reasoning_sealer(req: CreateResponse, sealer: Sealer | None, owner: str) -> Any:
@@ -101,7 +125,8 @@ async def _routing(target: ModelTarget, req: CreateResponse, store: Store, owner
     prefix_key = None
     if target.affinity and previous is None:
         first = next((message_text(i) for i in prompt if i["type"] == "message"), "")
-        prefix_key = conversation_id or prefix_hash(req.instructions, first)
+        # The client's prompt_cache_key groups requests that share a prefix (OpenAI's meaning): one worker for them.
+        prefix_key = conversation_id or req.prompt_cache_key or prefix_hash(req.instructions, first)
     routing = target.route(key, previous, prefix_key=prefix_key)
     if routing.home is not None and metrics is not None:
         metrics.failover(target.name, routing.home, routing.arm)

@@ -34,6 +34,8 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list
     function, not a translate step called by a push callback.
     """
     decode = turn.chunk
+    if asm.obfuscating:  # every delta padded: the general way only (Assembler.obfuscate)
+        return _general(asm, decode, timer, direct, held)
 
     def on_batch(batch: list[Any]) -> bool:
         events = None
@@ -52,6 +54,23 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list
         if events:
             if timer is not None:
                 timer.token(n)
+            if held or direct is None or not direct(events):
+                held.append(events)
+                return False
+        return True
+
+    return on_batch
+
+
+def _general(asm: Assembler, decode: Callable[[Any], Any], timer: Any, direct: Callable[[list[Event]], bool] | None,
+             held: list[list[Event]]) -> Callable[[list[Any]], bool]:
+    """``reader``'s step without the fast paths: every frame's deltas through ``Assembler.feed``."""
+
+    def on_batch(batch: list[Any]) -> bool:
+        events = asm.feed([d for frame in batch for d in decode(frame)])
+        if events:
+            if timer is not None:
+                timer.token(len(batch))
             if held or direct is None or not direct(events):
                 held.append(events)
                 return False

@@ -9,6 +9,7 @@ was served is recorded, so a continuation finds its arm and its worker.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
@@ -52,12 +53,17 @@ class ModelTarget:
     shadow_limit: int = 4
     affinity: bool = False  # some arm's pool keeps conversations on their worker
     failovers: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The names of streamed reasoning events: the model's setting, and the API keys' (by owner name) that differ.
+    reasoning_events: str = "openai"
+    key_events: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, routes: dict[str, ModelRoute], *, affinity: set[str]) -> ModelTarget:
+    def from_config(cls, cfg: ModelConfig, routes: dict[str, ModelRoute], *, affinity: set[str],
+                    key_events: Mapping[str, str] | None = None) -> ModelTarget:
         arms = {(a.name or a.pool): Arm(a.name or a.pool, routes[a.pool]) for a in cfg.arm_list}
         experiment = Experiment(cfg.name, [ExperimentArm(a.name or a.pool, a.weight) for a in cfg.arm_list]) if len(arms) > 1 else None
-        target = cls(cfg.name, arms, experiment, affinity=any(a.pool in affinity for a in cfg.arm_list))
+        target = cls(cfg.name, arms, experiment, affinity=any(a.pool in affinity for a in cfg.arm_list),
+                     reasoning_events=cfg.reasoning_events, key_events=dict(key_events or {}))
         if cfg.shadow is not None:
             target.shadow = routes[cfg.shadow.pool]
             target.shadow_sampler = ShadowSampler(cfg.shadow.rate)

@@ -40,7 +40,7 @@ from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
 from router.state.store import StoreUnavailable
 from router.tools.registry import RouterTools
-from router.turns.assembler import Assembler, Event
+from router.turns.assembler import OPENAI_REASONING, Assembler, Event
 from router.turns.compaction import fold_history
 from router.turns.prelude import Prelude
 from router.turns.reader import reader
@@ -106,6 +106,8 @@ class ResponseRun:
     seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
     sealer: Any = None  # router.protocol.sealing.Sealer, for context_management compaction
     item_ids: ItemIds | None = None  # names the output items (prepare named the input's with it)
+    reasoning_events: tuple[str, str] = OPENAI_REASONING  # the streamed reasoning events' names (delta, done)
+    obfuscate: bool = False  # stream_options.include_obfuscation: pad text deltas (turns/assembler.py)
     refused_events: list[Event] = field(default_factory=list)  # set when the run was refused before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
@@ -122,6 +124,9 @@ class ResponseRun:
         summaries = bool((self.req.reasoning or {}).get("summary"))
         self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal, ids=self.item_ids,
                                     include=self.req.include or ())
+        self._assembler.reasoning_events = self.reasoning_events
+        if self.obfuscate:
+            self._assembler.obfuscate()
         self._turn = self.route.turn(self.req, self.tools, self.response["id"])
         routing = self.routing
         arm = routing.arm if routing else self.route.pool.name
