@@ -8,22 +8,46 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from router.config.base import FieldReference, Reference, Section
+from router.config.pools import ChatConfig, ManagedConfig, PoolConfig
+from router.config.tools import CodeInterpreterConfig, McpConfig, McpServerConfig, ToolsConfig, WebSearchConfig
 
-class _Section(BaseModel):
-    # strict: a quoted number (port = "8081") or a quoted boolean is a type error, not coerced.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
+__all__ = [
+    "STOP_MARGIN_S",
+    "ApiKey",
+    "ArmConfig",
+    "AuthConfig",
+    "BackgroundConfig",
+    "ChatConfig",
+    "CodeInterpreterConfig",
+    "Config",
+    "ConfigError",
+    "HarmonyConfig",
+    "ManagedConfig",
+    "McpConfig",
+    "McpServerConfig",
+    "ModelConfig",
+    "PoolConfig",
+    "SealingConfig",
+    "ServerConfig",
+    "ShadowConfig",
+    "StoreConfig",
+    "TelemetryConfig",
+    "ToolsConfig",
+    "WebSearchConfig",
+    "load_config",
+    "parse_config",
+]
 
 # After the grace, the requests still running get this long to say so and be stored.
 STOP_MARGIN_S = 2.0
 
 
-class ServerConfig(_Section):
+class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
@@ -57,7 +81,7 @@ class ServerConfig(_Section):
         return self
 
 
-class StoreConfig(_Section):
+class StoreConfig(Section):
     # sqlite: one embedded file (one router process); postgres: shared by several replicas.
     kind: Literal["sqlite", "postgres"] = "sqlite"
     # sqlite: relative paths are resolved against the config file's folder.
@@ -97,7 +121,7 @@ class StoreConfig(_Section):
         return value
 
 
-class ApiKey(_Section):
+class ApiKey(Section):
     """One client key, given exactly one way: plain, as its sha256 (hex), or by an env var holding it."""
 
     name: str = Field(min_length=1)
@@ -126,7 +150,7 @@ class ApiKey(_Section):
         return hashlib.sha256(value.encode()).hexdigest()
 
 
-class AuthConfig(_Section):
+class AuthConfig(Section):
     # No keys: the router is open (fine on loopback, not elsewhere).
     keys: list[ApiKey] = []
     # Guards /admin (adding and removing workers); empty: /admin is closed.
@@ -147,149 +171,20 @@ class AuthConfig(_Section):
         return self
 
 
-class ManagedConfig(_Section):
-    replicas: int = Field(1, ge=1, le=64)
-    # A port range [first, last]; replica i listens on first + i.
-    port_range: Annotated[tuple[int, int], Strict(False)] = (18100, 18199)  # a TOML array: [first, last]
-    # Command template; {port}, {host} and {model} are filled in. Empty: the engine's default.
-    command: list[str] = []
-    extra_args: list[str] = []
-    env: dict[str, str] = {}
-    # GPUs split evenly between the replicas: replica i gets its share as CUDA_VISIBLE_DEVICES.
-    gpus: list[int] = []
-    # Per-worker log files go here (relative to the config file); empty: inherit the router's stderr.
-    log_dir: str = ""
-    start_timeout_s: float = Field(120.0, gt=0)
-    stop_timeout_s: float = Field(10.0, gt=0)
-    # The interpreter of the command's {python} (the engine's module runs on it); empty: the router's own.
-    python: str = ""
-    # Append the flags the pool's config implies (README, "Managed pools"); unset: only to the
-    # engine's default command, not to a command of your own.
-    derive_flags: bool | None = None
-    # The engine's parsers of the model's tool calls and reasoning (vLLM and SGLang --tool-call-parser,
-    # --reasoning-parser; vLLM also gets --enable-auto-tool-choice).
-    tool_call_parser: str | None = Field(None, min_length=1)
-    reasoning_parser: str | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _ports(self) -> ManagedConfig:
-        first, last = self.port_range
-        if not (0 < first <= last <= 65535):
-            raise ValueError("port_range must be [first, last] with 0 < first <= last <= 65535")
-        if last - first + 1 < self.replicas:
-            raise ValueError(f"port_range holds {last - first + 1} ports for {self.replicas} replicas")
-        if self.gpus and len(self.gpus) % self.replicas:
-            raise ValueError(f"{len(self.gpus)} gpus do not split evenly between {self.replicas} replicas")
-        if len(set(self.gpus)) != len(self.gpus):
-            raise ValueError("a gpu is listed twice")
-        return self
-
-    def replica_env(self, i: int) -> dict[str, str]:
-        """Replica ``i``'s environment: the configured env, plus its share of the GPUs."""
-        env = dict(self.env)
-        if self.gpus:
-            share = len(self.gpus) // self.replicas
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus[i * share:(i + 1) * share])
-        return env
-
-
-class ChatConfig(_Section):
-    """What a chat pool's engine and chat template accept (see router/dialects/chat.py)."""
-
-    system_messages: Literal["merge", "keep"] = "merge"
-    reasoning_field: Literal["reasoning_content", "reasoning"] | None = None
-    think_tags: bool = False
-    reasoning_effort_as: Literal["reasoning_effort", "enable_thinking", "thinking", "drop"] = "reasoning_effort"
-    accepts_files: bool = False
-    # input_image / input_file URLs are fetched by the ENGINE, not the router (no NetGuard there):
-    # "data_only" refuses any but data: URLs (400) for engines that can reach internal addresses.
-    media_urls: Literal["any", "data_only"] = "any"
-
-
-class PoolConfig(_Section):
-    name: str = Field(min_length=1)
-    engine: Literal["vllm", "sglang", "sim"]
-    # chat: chat completions; harmony: the router renders gpt-oss prompts and calls token-level generate.
-    dialect: Literal["chat", "harmony"] = "chat"
-    # The model name the workers serve (what goes in the upstream "model" field).
-    model: str = Field(min_length=1)
-    urls: list[str] = []
-    managed: ManagedConfig | None = None
-    chat: ChatConfig = ChatConfig()
-    # The model's context window; empty: read from the workers' /v1/models (max_model_len).
-    context_length: int | None = Field(None, gt=0)
-    # affinity: a continuation goes back to the worker that served its previous turn (its KV prefix),
-    # a new conversation to a worker chosen by a hash of its prefix, unless that worker is down or
-    # loaded above overload_factor x the pool's mean; then least load.
-    policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity"] = "least_in_flight"
-    overload_factor: float = Field(1.5, ge=1)
-    health_interval_s: float = Field(2.0, gt=0)
-    # Read each worker's queue length from its /metrics with every health check, so that
-    # least_load / power_of_two / affinity see requests waiting inside the engine.
-    scrape_metrics: bool = False
-    connect_timeout_s: float = Field(5.0, gt=0)
-    # Longest silence allowed between two reads of a worker's answer.
-    read_timeout_s: float = Field(300.0, gt=0)
-    # A streamed answer's first byte (its first token) must come this soon after the call
-    # (prefill and the engine's queue included); None: only read_timeout_s applies.
-    first_byte_timeout_s: float | None = Field(60.0, gt=0)
-    # A worker answer read whole, and one frame of a stream, are cut off past these sizes (502 /
-    # failed): a broken or hostile worker cannot make the router buffer without end.
-    max_answer_bytes: int = Field(64 << 20, ge=1024)
-    max_frame_bytes: int = Field(8 << 20, ge=1024)
-    # https workers: the CA bundle (PEM) their certificates are checked against (empty: the system's
-    # trust store), and the router's own client certificate and key when the workers ask for one.
-    # Relative to the config file. Every call to the pool's workers (model calls, health checks,
-    # scrapes) uses them.
-    tls_ca_file: str | None = Field(None, min_length=1)
-    tls_cert_file: str | None = Field(None, min_length=1)
-    tls_key_file: str | None = Field(None, min_length=1)
-    # The pool honours service_tier: its engine schedules by request priority (a managed engine
-    # is started so: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling).
-    honor_service_tier: bool = False
-
-    @model_validator(mode="after")
-    def _workers(self) -> PoolConfig:
-        if bool(self.urls) == (self.managed is not None):
-            raise ValueError("give exactly one of urls or [pools.managed]")
-        for i, url in enumerate(self.urls):
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"url {url!r} must start with http:// or https://")
-            try:
-                parts = urlsplit(url)
-                parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
-            except ValueError as exc:
-                raise _Field(f"urls[{i}]", f"{url!r}: {exc}") from None
-            if not parts.hostname:
-                raise _Field(f"urls[{i}]", f"{url!r} names no host")
-        if self.tls_key_file is not None and self.tls_cert_file is None:
-            raise _Field("tls_key_file", "a client key needs its certificate: set tls_cert_file too")
-        tls = next((k for k in ("tls_ca_file", "tls_cert_file") if getattr(self, k) is not None), None)
-        if tls is not None and not any(url.startswith("https://") for url in self.urls):
-            where = "a managed pool's workers are reached over http" if self.managed else "no url of the pool is https://"
-            raise _Field(tls, f"TLS settings are for https workers, and {where}")
-        managed = self.managed
-        if managed is not None and self.engine == "sim":
-            for key in ("tool_call_parser", "reasoning_parser"):
-                if getattr(managed, key) is not None:
-                    raise _Field(f"managed.{key}", "the sim engine has no parsers (vllm and sglang do)")
-        return self
-
-
-class ArmConfig(_Section):
+class ArmConfig(Section):
     pool: str = Field(min_length=1)
     weight: float = Field(1.0, gt=0)
     name: str = ""  # empty: the pool's name
 
 
-class ShadowConfig(_Section):
+class ShadowConfig(Section):
     # Mirror this fraction of requests to a candidate pool; its answers are discarded.
     pool: str = Field(min_length=1)
     rate: float = Field(gt=0, le=1)
     max_concurrency: int = Field(4, ge=1)
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     # The public name clients send as "model".
     name: str = Field(min_length=1)
     # One pool, or weighted arms (an A/B experiment, sticky per conversation).
@@ -314,7 +209,7 @@ class ModelConfig(_Section):
         return self.arms or [ArmConfig(pool=self.pool)]
 
 
-class BackgroundConfig(_Section):
+class BackgroundConfig(Section):
     # A replica renews its lease on the background responses it runs; one that stops renewing
     # (it died) has its responses marked failed by any replica once the lease runs out.
     lease_s: float = Field(30.0, gt=0)
@@ -322,68 +217,13 @@ class BackgroundConfig(_Section):
     max_events: int = Field(100_000, ge=10)
 
 
-class McpServerConfig(_Section):
-    # Requests refer to it by label (a request's own server_url must match [tools.mcp] allow).
-    label: str = Field(min_length=1)
-    url: str = Field(min_length=1)
-    transport: Literal["streamable_http", "sse"] = "streamable_http"
-    headers: dict[str, str] = {}
-
-
-class McpConfig(_Section):
-    # URL prefixes or hosts a request's server_url may name; nothing else is ever contacted.
-    allow: list[str] = []
-    servers: list[McpServerConfig] = []
-    timeout_s: float = Field(30.0, gt=0)
-
-
-class WebSearchConfig(_Section):
-    # A SearXNG-style JSON search API: GET {url}?q=...&format=json.
-    url: str = Field(min_length=1)
-    max_results: int = Field(5, ge=1, le=20)
-    timeout_s: float = Field(10.0, gt=0)
-
-
-class CodeInterpreterConfig(_Section):
-    # Scratch folders, one per container id (relative to the config file).
-    root: str = "var/containers"
-    timeout_s: float = Field(10.0, gt=0)
-    memory_mb: int = Field(256, ge=32)
-    cpu_s: int = Field(10, ge=1)
-    tmp_mb: int = Field(64, ge=1)  # each run's private /tmp (a tmpfs, counted in its memory cgroup)
-
-
-class ToolsConfig(_Section):
-    mcp: McpConfig = McpConfig()
-    web_search: WebSearchConfig | None = None  # absent: web_search tools are echoed, not offered
-    code_interpreter: CodeInterpreterConfig | None = None
-    # Model turns one response may take while the router runs tools (protects the pools).
-    max_turns: int = Field(8, ge=1, le=64)
-    # Non-public networks (CIDR) that pages a model opens and a request's MCP server_url may reach,
-    # judged on the resolved address; empty: public addresses only. The search API and the MCP
-    # servers named in config are the operator's choice and need no entry. Metadata addresses never.
-    private_networks: list[str] = []
-
-    @field_validator("private_networks")
-    @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
-        import ipaddress
-
-        for entry in value:
-            try:
-                ipaddress.ip_network(entry)
-            except ValueError as exc:
-                raise ValueError(f"{entry!r}: {exc}") from None
-        return value
-
-
-class HarmonyConfig(_Section):
+class HarmonyConfig(Section):
     # The folder holding o200k_base.tiktoken (`responses-router harmony-vocab DIR` builds it);
     # empty: $TIKTOKEN_ENCODINGS_BASE. Relative to the config file.
     vocab_dir: str = ""
 
 
-class SealingConfig(_Section):
+class SealingConfig(Section):
     """Keys for blobs the router seals for clients (compaction items): AES-256-GCM.
 
     Each key is base64 of 32 random bytes (`python -c "import base64,os;print(base64.b64encode(os.urandom(32)).decode())"`).
@@ -405,7 +245,7 @@ class SealingConfig(_Section):
             try:
                 decode_key(key)
             except ValueError as exc:
-                raise _Reference(f"sealing.keys[{i}]", str(exc)) from None
+                raise Reference(f"sealing.keys[{i}]", str(exc)) from None
         return self
 
     def resolved_keys(self) -> list[bytes]:
@@ -430,7 +270,7 @@ class SealingConfig(_Section):
         return out
 
 
-class TelemetryConfig(_Section):
+class TelemetryConfig(Section):
     # OpenTelemetry traces, sent over OTLP/HTTP to this URL (e.g. http://collector:4318/v1/traces);
     # empty: none. Needs the optional extra: pip install 'responses-router[otel]'.
     otlp_endpoint: str = ""
@@ -439,7 +279,7 @@ class TelemetryConfig(_Section):
     sample_ratio: float = Field(1.0, ge=0, le=1)
 
 
-class Config(_Section):
+class Config(Section):
     server: ServerConfig = ServerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     harmony: HarmonyConfig = HarmonyConfig()
@@ -466,23 +306,11 @@ class Config(_Section):
                 targets.append((f"models[{i}].shadow.pool", model.shadow.pool))
             for key, pool in targets:
                 if pool not in pool_names:
-                    raise _Reference(key, f"no pool named {pool!r} (pools: {', '.join(pool_names)})")
+                    raise Reference(key, f"no pool named {pool!r} (pools: {', '.join(pool_names)})")
         return self
 
     def pool(self, name: str) -> PoolConfig:
         return next(p for p in self.pools if p.name == name)
-
-
-class _Reference(ValueError):
-    """A reference error that knows the exact key it is about."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-class _Field(_Reference):
-    """A reference error about a key of the section that raised it (its place is prefixed)."""
 
 
 class ConfigError(Exception):
@@ -513,9 +341,9 @@ def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     key = _dotted(err["loc"])
     ctx_error = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_error, _Field):
+    if isinstance(ctx_error, FieldReference):
         return f"{key}.{ctx_error.key}: {ctx_error}" if key else f"{ctx_error.key}: {ctx_error}"
-    if isinstance(ctx_error, _Reference):
+    if isinstance(ctx_error, Reference):
         return f"{ctx_error.key}: {ctx_error}"
     kind = err["type"]
     if kind == "extra_forbidden":
