@@ -64,11 +64,11 @@ class Leases:
     def release(self, rid: str) -> None:
         self._held.discard(rid)
 
-    def stream(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
+    def stream(self, run: ResponseRun) -> RunEvents:
         """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
         ``in_progress`` as it starts, its output so far every CHECKPOINT_S, and if this replica dies
         the sweep marks it failed, as it does a background response."""
-        return self._leased(run) if run.req.store else run.events()
+        return RunEvents(run, self._leased(run) if run.req.store else run.events())
 
     async def _leased(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
         rid = run.response["id"]
@@ -142,3 +142,31 @@ class Leases:
                 pass
             except Exception:  # keep renewing whatever one round did
                 log.exception("lease round failed")
+
+
+class RunEvents:
+    """A foreground run's event batches as its answer reads them. Closed before its first read (the
+    client left just as the answer's head went out), it still ends the run, as ``cancelled``: the
+    ``aclose`` of an async generator that never started runs none of its code, and the run would
+    keep its worker counted in flight and its stream open."""
+
+    __slots__ = ("_run", "_events", "_started")
+
+    def __init__(self, run: ResponseRun, events: AsyncGenerator[list[Event], None]) -> None:
+        self._run = run
+        self._events = events
+        self._started = False
+
+    def __aiter__(self) -> AsyncGenerator[list[Event], None]:
+        self._started = True
+        return self._events  # each batch straight from the generator: nothing added per batch
+
+    async def __anext__(self) -> list[Event]:
+        self._started = True
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            await self._run.cancelled()
+        await self._events.aclose()
