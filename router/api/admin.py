@@ -6,7 +6,6 @@ Guarded by ``[auth] admin_key``; without one, every admin route answers 403.
 from __future__ import annotations
 
 import hmac
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -16,7 +15,6 @@ from backends.pools import Pool, Worker
 from router.api.http import Body, json_response, read_body
 from router.protocol.errors import APIError, InvalidRequest, NotFound, Unauthorized
 from router.turns.routing import ModelTarget
-from router.turns.shadow import stats as shadow_stats
 
 
 class AdminAPI:
@@ -44,9 +42,7 @@ class AdminAPI:
         self._check(request)
         models = []
         for target in self.models.values():
-            entry: dict[str, Any] = target.describe()
-            entry["shadow"] = shadow_stats.get(target.name)
-            models.append(entry)
+            models.append(target.describe())
         return json_response({"pools": [p.describe() for p in self.pools.values()], "models": models})
 
     async def add_worker(self, request: Request) -> Body:

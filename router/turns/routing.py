@@ -9,6 +9,7 @@ was served is recorded, so a continuation finds its arm and its worker.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -44,13 +45,24 @@ class Routing:
 
 
 @dataclass(eq=False)
+class Shadow:
+    """A model's shadow pool: the sample mirrored to it, and the mirrors running now
+    (router/turns/shadow.py). Per model: nothing of it is shared between models or routers."""
+
+    route: ModelRoute
+    sampler: ShadowSampler
+    limit: int = 4
+    running: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {"mirrored": 0, "skipped": 0, "failed": 0})
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # referenced until done
+
+
+@dataclass(eq=False)
 class ModelTarget:
     name: str
     arms: dict[str, Arm]
     experiment: Experiment | None = None
-    shadow: ModelRoute | None = None
-    shadow_sampler: ShadowSampler | None = None
-    shadow_limit: int = 4
+    shadow: Shadow | None = None
     affinity: bool = False  # some arm's pool keeps conversations on their worker
     failovers: dict[tuple[str, str], int] = field(default_factory=dict)
     # The names of streamed reasoning events: the model's setting, and the API keys' (by owner name) that differ.
@@ -65,9 +77,7 @@ class ModelTarget:
         target = cls(cfg.name, arms, experiment, affinity=any(a.pool in affinity for a in cfg.arm_list),
                      reasoning_events=cfg.reasoning_events, key_events=dict(key_events or {}))
         if cfg.shadow is not None:
-            target.shadow = routes[cfg.shadow.pool]
-            target.shadow_sampler = ShadowSampler(cfg.shadow.rate)
-            target.shadow_limit = cfg.shadow.max_concurrency
+            target.shadow = Shadow(routes[cfg.shadow.pool], ShadowSampler(cfg.shadow.rate), cfg.shadow.max_concurrency)
         return target
 
     @property
@@ -102,6 +112,7 @@ class ModelTarget:
             "model": self.name,
             "arms": list(self.arms),
             "failovers": [{"from": a, "to": b, "count": n} for (a, b), n in self.failovers.items()],
+            "shadow": dict(self.shadow.counts) if self.shadow is not None else None,
         }
 
 

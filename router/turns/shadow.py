@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from router.turns.record import Record
-from router.turns.routing import ModelTarget
+from router.turns.routing import ModelTarget, Shadow
 from router.turns.runner import ResponseRun
 
 log = logging.getLogger("router.shadow")
@@ -23,31 +23,24 @@ log = logging.getLogger("router.shadow")
 LENGTH_APART = 0.2  # output token counts further apart than this (relative to the larger) differ in length
 WAIT_FOR_CLIENT_S = 600.0  # how long a finished mirror waits for the client's answer to compare with
 
-_running: dict[str, int] = {}
-_tasks: set[asyncio.Task[None]] = set()
-stats: dict[str, dict[str, int]] = {}  # model -> mirrored / skipped / failed (shown by /admin/pools)
-
-
 def maybe_mirror(target: ModelTarget, run: ResponseRun) -> None:
     """Mirror ``run`` to the model's shadow pool if it is sampled and there is room."""
-    if target.shadow is None or target.shadow_sampler is None or run.routing is None:
+    shadow = target.shadow
+    if shadow is None or run.routing is None or not shadow.sampler.sample(run.routing.key):
         return
-    if not target.shadow_sampler.sample(run.routing.key):
-        return
-    counts = stats.setdefault(target.name, {"mirrored": 0, "skipped": 0, "failed": 0})
-    if _running.get(target.name, 0) >= target.shadow_limit:
-        counts["skipped"] += 1
+    if shadow.running >= shadow.limit:
+        shadow.counts["skipped"] += 1
         if run.metrics is not None:
-            run.metrics.shadow(target.name, target.shadow.pool.name, "skipped")
+            run.metrics.shadow(target.name, shadow.route.pool.name, "skipped")
         return
     req = run.req.model_copy(update={"store": False, "stream": False, "background": False, "conversation": None})
     record = Record(store=run.record.store, owner=run.owner, stored=False, previous_response_id=None, input_items=[])
-    mirror = ResponseRun(req=req, owner=run.owner, route=target.shadow, tools=run.tools,
+    mirror = ResponseRun(req=req, owner=run.owner, route=shadow.route, tools=run.tools,
                          prompt_items=list(run.prompt_items), response=replace_response(run), record=record)
-    _running[target.name] = _running.get(target.name, 0) + 1
-    task = asyncio.create_task(_run(target.name, mirror, run, counts), name=f"shadow:{target.name}")
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    shadow.running += 1
+    task = asyncio.create_task(_run(target.name, shadow, mirror, run), name=f"shadow:{target.name}")
+    shadow.tasks.add(task)
+    task.add_done_callback(shadow.tasks.discard)
 
 
 def replace_response(run: ResponseRun) -> dict[str, Any]:
@@ -57,26 +50,26 @@ def replace_response(run: ResponseRun) -> dict[str, Any]:
     return response
 
 
-async def _run(model: str, mirror: ResponseRun, client: ResponseRun, counts: dict[str, int]) -> None:
+async def _run(model: str, shadow: Shadow, mirror: ResponseRun, client: ResponseRun) -> None:
     start = time.perf_counter()
     pool = mirror.route.pool.name
     try:
         await mirror.complete()
-        counts["mirrored"] += 1
+        shadow.counts["mirrored"] += 1
     except Exception as exc:  # noqa: BLE001 - the shadow's failures are counted, never surfaced
-        counts["failed"] += 1
+        shadow.counts["failed"] += 1
         log.info("shadow request for %s failed: %s", model, exc)
     finally:
-        _running[model] -= 1
+        shadow.running -= 1
     seconds = time.perf_counter() - start
     metrics = client.metrics
     if metrics is None:
         return
-    shadow = mirror.response
-    usage = shadow.get("usage") or {}
+    answer = mirror.response
+    usage = answer.get("usage") or {}
     theirs = await _ended(client)
-    metrics.shadow(model, pool, shadow.get("status") or "failed", seconds, usage.get("output_tokens"),
-                   differences(theirs, shadow) if theirs is not None else ())
+    metrics.shadow(model, pool, answer.get("status") or "failed", seconds, usage.get("output_tokens"),
+                   differences(theirs, answer) if theirs is not None else ())
 
 
 async def _ended(run: ResponseRun) -> dict[str, Any] | None:
