@@ -26,6 +26,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
+from tests.test_e2e_harmony import harmony_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -64,26 +65,6 @@ log_dir = "logs"
 """
 
 
-def harmony_pool(name: str, vocab: Path) -> str:
-    first, last = free_range()
-    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-               "--engine", "vllm", "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
-    return f"""
-[[pools]]
-name = "{name}"
-engine = "vllm"
-dialect = "harmony"
-model = "gpt-oss-sim"
-context_length = 8192
-health_interval_s = 0.5
-[pools.managed]
-replicas = 1
-port_range = [{first}, {last}]
-command = {json.dumps(command)}
-log_dir = "logs"
-"""
-
-
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
     body = (
@@ -92,7 +73,7 @@ def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Ite
         + sim_pool_toml(name="aff", replicas=2).replace('engine = "sim"\n', 'engine = "sim"\npolicy = "affinity"\n')
         + engine_pool("vl", "vllm", honor=True)
         + engine_pool("sg", "sglang", honor=False)
-        + harmony_pool("oss", harmony_vocab)
+        + harmony_pool("oss", "vllm", harmony_vocab)
         + '\n[[models]]\nname = "sim-chat"\npool = "sim"\n[[models]]\nname = "sim-affinity"\npool = "aff"\n'
         + '[[models]]\nname = "vl"\npool = "vl"\n[[models]]\nname = "sg"\npool = "sg"\n'
         + '[[models]]\nname = "gpt-oss"\npool = "oss"\n'
