@@ -9,6 +9,8 @@ from typing import Any
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import echo_tools
 
+ECHOED_HINTS = ("prompt_cache_retention", "prompt_cache_options", "background_options", "client_metadata")
+
 
 def response_object(req: CreateResponse, *, response_id: str, created_at: int | None = None) -> dict[str, Any]:
     """A Response in ``in_progress`` state, echoing the request's settings.
@@ -19,7 +21,7 @@ def response_object(req: CreateResponse, *, response_id: str, created_at: int | 
     text = dict(req.text) if req.text else {}
     text.setdefault("format", {"type": "text"})
     text.setdefault("verbosity", req.verbosity or "medium")
-    return {
+    response: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": created_at if created_at is not None else int(time.time()),
@@ -54,6 +56,16 @@ def response_object(req: CreateResponse, *, response_id: str, created_at: int | 
         "safety_identifier": req.safety_identifier,
         "prompt_cache_key": req.prompt_cache_key,
     }
+    # Hints for OpenAI's own cache and scheduling, with no effect here: returned as sent, so the
+    # client sees they were taken as they were (router/protocol/fields.py says so per field).
+    for name in ECHOED_HINTS:
+        value = getattr(req, name)
+        if value is not None:
+            response[name] = value
+    generate_summary = (req.reasoning or {}).get("generate_summary")
+    if generate_summary is not None:
+        response["reasoning"] = {**response["reasoning"], "generate_summary": generate_summary}
+    return response
 
 
 # The codes a Response's ``error`` has in OpenAI's API (the SDK's ``ResponseError.code``, a closed
