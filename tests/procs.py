@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -119,6 +120,27 @@ health_interval_s = 0.5
 replicas = {replicas}
 port_range = [{first}, {last}]
 extra_args = {extra_args}
+log_dir = "logs"
+"""
+
+
+def engine_pool_toml(name: str, engine: str, *, honor_service_tier: bool = False) -> str:
+    """A managed chat pool of one sim worker speaking ``engine``'s wire (``vllm`` or ``sglang``), the
+    pool's engine ``engine`` too, so the router talks to it as to that engine (its options' names)."""
+    first, last = free_range()
+    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
+               "--engine", engine]
+    return f"""
+[[pools]]
+name = "{name}"
+engine = "{engine}"
+model = "sim-model"
+health_interval_s = 0.5
+honor_service_tier = {"true" if honor_service_tier else "false"}
+[pools.managed]
+replicas = 1
+port_range = [{first}, {last}]
+command = {json.dumps(command)}
 log_dir = "logs"
 """
 

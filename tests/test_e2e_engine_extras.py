@@ -14,7 +14,6 @@ by the openai SDK (the options in ``extra_body``, as a user moving from an engin
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.procs import RouterProcess, free_range, sim_pool_toml, start_router
+from tests.procs import RouterProcess, engine_pool_toml, sim_pool_toml, start_router
 from tests.test_e2e_harmony import harmony_pool
 
 pytestmark = pytest.mark.e2e
@@ -45,34 +44,14 @@ SGLANG_ONLY = {"extra_key": "tenant-a"}
 SGLANG_NAMES = {"request_id": "rid", "include_stop_str_in_output": "no_stop_trim"}
 
 
-def engine_pool(name: str, engine: str, *, honor: bool) -> str:
-    """A managed pool of one sim worker speaking ``engine``'s wire, the router's pool engine ``engine``."""
-    first, last = free_range()
-    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-               "--engine", engine]
-    return f"""
-[[pools]]
-name = "{name}"
-engine = "{engine}"
-model = "sim-model"
-health_interval_s = 0.5
-honor_service_tier = {"true" if honor else "false"}
-[pools.managed]
-replicas = 1
-port_range = [{first}, {last}]
-command = {json.dumps(command)}
-log_dir = "logs"
-"""
-
-
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
     body = (
         f'[harmony]\nvocab_dir = "{harmony_vocab}"\n'
         + sim_pool_toml(name="sim", replicas=1)
         + sim_pool_toml(name="aff", replicas=2).replace('engine = "sim"\n', 'engine = "sim"\npolicy = "affinity"\n')
-        + engine_pool("vl", "vllm", honor=True)
-        + engine_pool("sg", "sglang", honor=False)
+        + engine_pool_toml("vl", "vllm", honor_service_tier=True)
+        + engine_pool_toml("sg", "sglang")
         + harmony_pool("oss", "vllm", harmony_vocab)
         + '\n[[models]]\nname = "sim-chat"\npool = "sim"\n[[models]]\nname = "sim-affinity"\npool = "aff"\n'
         + '[[models]]\nname = "vl"\npool = "vl"\n[[models]]\nname = "sg"\npool = "sg"\n'

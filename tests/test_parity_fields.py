@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from router.protocol import fields as table
 from router.protocol.fields import CHAT, FIELDS, HARMONY, POOL_KINDS
 from router.protocol.requests import CreateResponse
 from tests.fake_search import FakeSearch
-from tests.procs import ROOT, RouterProcess, free_range, start_router
+from tests.procs import ROOT, RouterProcess, engine_pool_toml, start_router
 from tests.test_e2e_harmony import harmony_pool
 
 pytestmark = pytest.mark.e2e
@@ -45,32 +44,11 @@ CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required"
 SDK_PARAMS = frozenset(inspect.signature(openai.OpenAI(api_key="x").responses.create).parameters)
 
 
-def chat_pool(name: str, engine: str) -> str:
-    """A managed pool of one sim worker speaking ``engine``'s wire, the router's pool engine ``engine``
-    (so engine options go by that engine's names), priority scheduling on."""
-    first, last = free_range()
-    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-               "--engine", engine]
-    return f"""
-[[pools]]
-name = "{name}"
-engine = "{engine}"
-model = "sim-model"
-health_interval_s = 0.5
-honor_service_tier = true
-[pools.managed]
-replicas = 1
-port_range = [{first}, {last}]
-command = {json.dumps(command)}
-log_dir = "logs"
-"""
-
-
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
     search = FakeSearch().start()  # web_search runs on the router: max_tool_calls and include show on it
-    body = (f'[harmony]\nvocab_dir = "{harmony_vocab}"\n' + chat_pool(table.CHAT_VLLM, "vllm")
-            + chat_pool(table.CHAT_SGLANG, "sglang") + harmony_pool(table.HARMONY_VLLM, "vllm", harmony_vocab)
+    body = (f'[harmony]\nvocab_dir = "{harmony_vocab}"\n' + engine_pool_toml(table.CHAT_VLLM, "vllm", honor_service_tier=True)
+            + engine_pool_toml(table.CHAT_SGLANG, "sglang", honor_service_tier=True) + harmony_pool(table.HARMONY_VLLM, "vllm", harmony_vocab)
             + harmony_pool(table.HARMONY_SGLANG, "sglang", harmony_vocab)
             + "".join(f'\n[[models]]\nname = "{kind}"\npool = "{kind}"\n' for kind in POOL_KINDS)
             + f'\n[tools]\nprivate_networks = ["127.0.0.0/8"]\n[tools.web_search]\nurl = "{search.search_url}"\n')
