@@ -367,18 +367,24 @@ class ResponseRun:
         self.response["completed_at"] = None  # it did not complete after all
         failed = self._assembler.fail(error)
         for number, event in enumerate(failed, terminal["sequence_number"]):
-            event["sequence_number"] = number
-        if self._timer is not None:
-            self._timer.error(error.code or error.type)
+            event["sequence_number"] = number  # counted failed already, by ``persist``
         self.record.unstored = self.record.stored
         return end + failed
 
     async def persist(self, error_code: str | None = None) -> None:
-        """Count and record the response as it is now. ``error_code``: why it failed, as precisely as
-        the router knows (the Response's own code is one of OpenAI's closed set), for the metrics."""
+        """Record and count the response as it is now. ``error_code``: why it failed, as precisely as
+        the router knows (the Response's own code is one of OpenAI's closed set), for the metrics.
+        An end the store could not keep is counted failed (``store_unavailable``), whatever it was:
+        the client is told so (a 503, or ``response.failed``)."""
+        try:
+            with telemetry.span("persist", **{"router.status": self.response["status"]}):
+                await self.store_again()
+        except StoreUnavailable as exc:
+            if self._timer is not None and self.response["status"] not in ("queued", "in_progress"):
+                self._timer.error(exc.code or exc.type)
+                self._timer.finish("failed", self.response.get("usage"))
+            raise
         self._count(error_code)
-        with telemetry.span("persist", **{"router.status": self.response["status"]}):
-            await self.store_again()
 
     async def store_again(self) -> None:
         """Record it as it is now, not counted again (its end, once the store is back)."""

@@ -233,6 +233,14 @@ def test_an_outage_past_the_retry_budget_is_said_and_the_router_serves_again(pai
         assert status == 200 and body["status"] == "completed", body
         status, body = health(router)
         assert status == 200 and body["status"] == "degraded" and body["store"]["ok"] is False, body
+    # What the store could not keep is counted failed, never completed: on router a, only the
+    # store: false answer completed (the 503s and the failed stream are store_unavailable errors).
+    metrics = httpx.get(a.base_url + "/metrics", timeout=WAIT_S).text.splitlines()
+    counted = {status: sum(float(line.rsplit(" ", 1)[1]) for line in metrics
+                           if line.startswith("responses_router_requests_total{") and f'status="{status}"' in line)
+               for status in ("completed", "failed")}
+    assert counted["completed"] == 1 and counted["failed"] >= 3, counted
+    assert any(line.startswith("responses_router_errors_total{") and 'kind="store_unavailable"' in line for line in metrics)
 
     pg_server.start()
     for router in pair:  # serves again as soon as the server answers (a new connection per call)
