@@ -94,6 +94,9 @@ def test_each_request_has_one_line_naming_what_served_it(router: RouterProcess) 
     line = line_for(router, chat.headers["x-request-id"])
     assert line["path"] == "/v1/chat/completions" and int(line["status"]) == 200
     assert line["model"] == "m" and line["pool"] == "sim" and line["worker"].startswith("http://")
+    # The passthrough names where it went as a Responses answer does.
+    assert (chat.headers["x-router-pool"], chat.headers["x-router-arm"], chat.headers["x-router-worker"]) == (
+        "sim", "sim", line["worker"])
 
 
 def test_errors_carry_their_code_and_nothing_of_the_request(router: RouterProcess) -> None:

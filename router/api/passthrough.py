@@ -96,11 +96,14 @@ class PassthroughAPI:
             refused = api_error(exc)
             done(refused.status)
             raise refused from None
-        if record is not None and call.last is not None:
-            record.worker = call.last.url
+        worker = call.last.url if call.last is not None else ""
+        if record is not None:
+            record.worker = worker
+        # Where it went, as a Responses answer says it (x-router-*); the worker's own headers are not relayed.
+        served = {"x-router-pool": pool.name, "x-router-arm": routing.arm, "x-router-worker": worker}
         if body.get("stream"):
             return StreamBody(_Relayed(answer.chunks(), call, done, answer.status), status=answer.status,
-                              media_type=answer.content_type)
+                              media_type=answer.content_type, headers=served)
         try:
             raw = await answer.read()
         except WorkerError as exc:  # its head came, its body broke off: the worker's failure, too late to retry
@@ -111,7 +114,7 @@ class PassthroughAPI:
         finally:
             call.release()
         done(answer.status, _usage(raw) if answer.status == 200 else None)
-        return Body(raw, answer.status, answer.content_type)
+        return Body(raw, answer.status, answer.content_type, headers=served)
 
 
 class _Done:
