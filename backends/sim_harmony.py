@@ -37,12 +37,14 @@ from backends.sim_harmony_script import (
     RETURN,
     VOCAB_SIZE,
     constrained_text,
+    cut_at_stop,
     garbage_ids,
     plan_answer,
     read_constraint,
+    read_sampling,
     script_text,
 )
-from backends.sim_script import SimError, error_body, int_marker, parse_markers
+from backends.sim_script import SimError, compact_json, error_body, int_marker, parse_markers
 
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang SamplingParams default
 VLLM_COMPLETIONS_MAX_TOKENS = 16  # vLLM CompletionRequest default
@@ -129,13 +131,14 @@ def function_descriptions(developer: str) -> dict[str, str]:
     return out
 
 
-def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int, constraint: dict | None = None) -> list[int]:
+def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int, constraint: dict | None = None,
+               seed: bytes = b"", echo: str | None = None) -> list[int]:
     """The whole answer as harmony ids, before any cut (backends/sim_harmony_script.py), held to
     the request's constraint when it has one. The prompt ends with `<|start|>assistant`, so the
     first message starts at <|channel|>."""
     if (garbage := int_marker(markers, "garbage")) is not None:
         return garbage_ids(info.digest, garbage)
-    answer = plan_answer(info, markers, default_tokens)
+    answer = plan_answer(info, markers, default_tokens, seed, echo)
     text = script_text(answer) if constraint is None else constrained_text(constraint, answer)
     return list(enc.encode(text, allowed_special="all"))
 
@@ -160,6 +163,7 @@ class Run:
     budget: int
     markers: dict
     cached: int
+    stop_str: str | None = None  # the stop string that ended it (then matched is None)
     skip_special: bool = True
     no_stop_trim: bool = False
     stream: bool = False
@@ -192,8 +196,8 @@ class HarmonySim:
         self.worker, self.cfg, self.enc = worker, worker.cfg, enc
         self.runs: dict[str, Run] = {}
 
-    def plan(self, prompt: object, rid: str, sp: dict, max_key: str, default: int | None) -> Run:
-        """Validate like the engine and decide the output."""
+    def plan(self, prompt: object, rid: str, sp: dict, max_key: str, default: int | None, body: dict) -> Run:
+        """Validate like the engine and decide the output ([sim:echo=request]: ``body`` without its ids)."""
         limit, least = self.cfg.max_model_len, 0 if self.cfg.engine == "sglang" else 1
         if not isinstance(prompt, list) or not prompt or any(type(t) is not int for t in prompt):
             raise SimError(400, "The prompt must be a non-empty list of token ids.", "token_ids")
@@ -210,18 +214,24 @@ class HarmonySim:
         extra = given if isinstance(given := sp.get("stop_token_ids"), list) else []
         stops = set(extra) | (set() if sp.get("ignore_eos") else {RETURN, CALL})
         constraint = read_constraint(self.cfg.engine, sp)  # checked before the prompt is read
+        seed, strings = read_sampling(self.cfg.engine, sp)
         markers = parse_markers((info := read_prompt(self.enc, prompt)).user_text)
-        ids, finish, matched = cut_ids(script_ids(self.enc, info, markers, self.cfg.default_tokens, constraint),
-                                       stops, budget)
-        return Run(rid, prompt, ids, finish, matched, budget, markers,
-                   min(int_marker(markers, "cached") or 0, n),
-                   sp.get("skip_special_tokens", True) is not False, bool(sp.get("no_stop_trim")))
+        echo = compact_json({k: v for k, v in body.items() if k not in ("token_ids", "input_ids", "prompt")}) \
+            if markers.get("echo") == "request" else None
+        ids, finish, matched = cut_ids(script_ids(self.enc, info, markers, self.cfg.default_tokens, constraint, seed,
+                                                  echo), stops, budget)
+        ids, stop_str = cut_at_stop(self.enc, ids, strings)  # vLLM: a stop string wins over the length
+        finish, matched = ("stop", None) if stop_str is not None else (finish, matched)
+        return Run(rid, prompt, ids, finish, matched, budget, markers, min(int_marker(markers, "cached") or 0, n),
+                   stop_str, sp.get("skip_special_tokens", True) is not False,
+                   bool(sp.get("no_stop_trim") or sp.get("include_stop_str_in_output")))
 
     def text(self, run: Run, trim: bool) -> str:
         """Detokenized output: the matched stop id trimmed, special tokens skipped on request."""
         ids = run.sent[:-1] if trim and run.matched is not None and run.done else run.sent
-        return self.enc.decode([t for t in ids if not (
-            run.skip_special and self.enc.is_special_token(t))])
+        text = self.enc.decode([t for t in ids if not (run.skip_special and self.enc.is_special_token(t))])
+        at = text.find(run.stop_str) if run.stop_str and run.done else -1  # the engine's text ends at it
+        return text if at < 0 else text[:at + len(run.stop_str or "") if run.no_stop_trim else at]
 
     async def _wait(self, run: Run, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -356,7 +366,7 @@ def completions_wire(sim: HarmonySim, run: Run, kind: str, new: Sequence[int] = 
     text, finish = sim.text(run, True), run.outcome
     delta, run.text_sent = text[len(run.text_sent):], text
     choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish,
-              "stop_reason": run.matched if finish == "stop" and run.matched != RETURN else None,
+              "stop_reason": run.stop_str or (run.matched if finish == "stop" and run.matched != RETURN else None),
               "token_ids": new if run.token_ids else None, "prompt_token_ids": run.prompt
               if run.token_ids and len(run.sent) == len(new) else None}
     if kind == "chunk":
@@ -374,7 +384,7 @@ def sglang_wire(sim: HarmonySim, run: Run, kind: str, new: Sequence[int] = ()) -
         return [sglang_wire(sim, run, "chunk")] if run.end == "abort" else []
     finishes: dict[str | None, dict[str, Any]] = {"abort": {"type": "abort", "message": "Abort request by user"},
                                                   "length": {"type": "length", "length": run.budget},
-                                                  "stop": {"type": "stop", "matched": run.matched}}
+                                                  "stop": {"type": "stop", "matched": run.stop_str or run.matched}}
     finish = finishes.get(run.outcome)
     text = sim.text(run, not run.no_stop_trim and run.matched != CALL)
     meta: dict[str, Any] = {"id": run.rid, "finish_reason": finish, "prompt_tokens": len(run.prompt),
@@ -411,7 +421,7 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
         base = request.headers.get("X-Request-Id") or body.get("request_id") or uuid.uuid4().hex
         rid = f"{'cmpl' if completions else 'generate-tokens'}-{base}"
         run = sim.plan(body.get("prompt" if completions else "token_ids"), rid, sp, "max_tokens",
-                       VLLM_COMPLETIONS_MAX_TOKENS if completions else None)
+                       VLLM_COMPLETIONS_MAX_TOKENS if completions else None, body)
         opts = given if isinstance(given := body.get("stream_options"), dict) else {}
         run.stream = bool(body.get("stream"))
         run.include_usage = run.stream and bool(opts.get("include_usage"))
@@ -434,7 +444,7 @@ def add_harmony_routes(app: web.Application, worker) -> HarmonySim:
         sp = given if isinstance(given := body.get("sampling_params"), dict) else {}
         rid = named if isinstance(named := body.get("rid"), str) else uuid.uuid4().hex
         try:
-            run = sim.plan(body.get("input_ids"), rid, sp, "max_new_tokens", SGLANG_MAX_NEW_TOKENS)
+            run = sim.plan(body.get("input_ids"), rid, sp, "max_new_tokens", SGLANG_MAX_NEW_TOKENS, body)
         except SimError as exc:
             if not body.get("stream"):
                 raise

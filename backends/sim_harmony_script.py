@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from backends.sim_script import SimError, compact_json, generate_tokens, int_marker, schema_instance
+from backends.sim_script import SimError, compact_json, generate_tokens, int_marker, schema_instance, seed_salt, stop_strings
 from backends.sim_tools import TEXT_MARKERS, mentioned_function
 
 END, RETURN, CALL = 200007, 200002, 200012  # <|end|>; <|return|>, <|call|>: gpt-oss's eos ids
@@ -51,10 +51,12 @@ class Answer:
     final: str = ""
 
 
-def plan_answer(info: Any, markers: dict, default_tokens: int) -> Answer:
-    """``info``: sim_harmony.PromptInfo. Markers first, then a mention of a function."""
+def plan_answer(info: Any, markers: dict, default_tokens: int, seed: bytes = b"", echo: str | None = None) -> Answer:
+    """``info``: sim_harmony.PromptInfo. Markers first, then a mention of a function. ``seed``: the
+    request's seed as a salt of the words (``read_sampling``); ``echo``: the final text of
+    ``[sim:echo=request]`` (the request body without its ids)."""
     def words(n: int, salt: bytes) -> str:
-        return "".join(generate_tokens([{"prompt": info.digest}], n, salt))
+        return "".join(generate_tokens([{"prompt": info.digest}], n, salt + seed))
     reason, n = int_marker(markers, "reason"), int_marker(markers, "tokens")
     answer = Answer(functions=info.functions)
     answer.reason = words(reason or 4, b"r") if reason != 0 else None
@@ -69,8 +71,28 @@ def plan_answer(info: Any, markers: dict, default_tokens: int) -> Answer:
         answer.calls = [mentioned] if mentioned is not None else []
     answer.query = re.sub(r"\[sim:[^\]]*\]", "", info.user_text).strip() or "sim"
     answer.builtins = [name for name in (markers.get("builtin") or "").split(",") if name]
-    answer.final = words(default_tokens if n is None else n, b"")
+    answer.final = echo if echo is not None else words(default_tokens if n is None else n, b"")
     return answer
+
+
+def read_sampling(engine: str, sp: dict) -> tuple[bytes, list[str]]:
+    """The request's seed as a salt of the words (vLLM's ``seed``, SGLang's ``sampling_seed``: the same
+    seed, the same words) and its stop strings, checked as the engines' request models check them."""
+    return seed_salt({"seed": sp.get("sampling_seed" if engine == "sglang" else "seed")}), stop_strings(sp)
+
+
+def cut_at_stop(enc: Any, ids: list[int], stops: list[str]) -> tuple[list[int], str | None]:
+    """The ids through the one that completes the first stop string of their text (special tokens
+    written out, as the engines detokenize with skip_special_tokens false: vLLM drops only the ids
+    after it, SGLang none), and that string; the ids as they are when none matches."""
+    if not stops or not any(stop in enc.decode(ids) for stop in stops):
+        return ids, None
+    for end in range(1, len(ids) + 1):
+        text = enc.decode(ids[:end])
+        found = [(text.find(stop), stop) for stop in stops if stop in text]
+        if found:
+            return ids[:end], min(found)[1]
+    return ids, None
 
 
 def garbage_ids(digest: str, n: int) -> list[int]:

@@ -24,9 +24,10 @@ from typing import Any
 import openai
 import pytest
 
+from router.dialects.engine_options import GENERATE_OPTIONS, HARMONY_REFUSED
 from router.protocol import fields as table
 from router.protocol.fields import CHAT, FIELDS, HARMONY, POOL_KINDS
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import ENGINE_FIELDS, CreateResponse
 from tests.fake_search import FakeSearch
 from tests.procs import ROOT, RouterProcess, engine_pool_toml, start_router
 from tests.test_e2e_harmony import harmony_pool
@@ -264,6 +265,30 @@ def check_stop(_client: openai.OpenAI, _kind: str, answer: Answer) -> None:
     text = text_of(answer.body)
     assert '"stop"' in text and "never-there" not in text, text
 
+
+def generate_has(name: str, value: Any) -> Check:
+    """Harmony pools: the generate body the worker got holds the option where router/dialects/engine_options.py
+    puts it (a list after what the router put there itself: harmony's stop ids)."""
+    def check(_client: openai.OpenAI, kind: str, answer: Answer) -> None:
+        where, key = GENERATE_OPTIONS[name]["vllm" if kind == table.HARMONY_VLLM else "sglang"]
+        body = sent(answer.body)
+        got = (body["sampling_params"] if where == "sampling" else body).get(key)
+        if isinstance(value, list):
+            assert got[-len(value):] == value and len(got) > len(value), (key, got)
+        else:
+            assert got == value, (key, got)
+    return check
+
+
+def engine_checks(name: str, value: Any) -> dict[str, Check]:
+    """Each pool kind that sends the option to its engine: the value in the body the worker got."""
+    checks = {table.CHAT_VLLM: sent_has(name, value), table.CHAT_SGLANG: sent_has(SGLANG_NAMES.get(name, name), value)}
+    for kind, engine in ((table.HARMONY_VLLM, "vllm"), (table.HARMONY_SGLANG, "sglang")):
+        if GENERATE_OPTIONS.get(name, {}).get(engine, ("router", ""))[0] != "router":
+            checks[kind] = generate_has(name, value)
+    return checks
+
+
 CASES: dict[str, Case] = {
     "model": Case({}, checks=everywhere(check_model)),
     "input": Case({}, prompt="Say five words [sim:tokens=5]", checks=everywhere(check_five_words)),
@@ -321,11 +346,10 @@ CASES: dict[str, Case] = {
     "background_options": Case({"background_options": {"window": "24h"}}, echo=("background_options",)),
     "reasoning_events": Case({"stream": True, "reasoning_events": "open-responses"}, prompt=REASON,
                              checks=everywhere(check_open_responses_names)),
-    **{name: Case({name: value}, prompt=ECHO_REQUEST, echo=(name,),
-                  checks={table.CHAT_VLLM: sent_has(name, value), table.CHAT_SGLANG: sent_has(SGLANG_NAMES.get(name, name), value)})
+    **{name: Case({name: value}, prompt=ECHO_REQUEST, echo=(name,), checks=engine_checks(name, value))
        for name, value in ENGINE_VALUES.items()},
 }
-CASES["stop"].checks = on_chat(check_stop)
+CASES["stop"].checks = everywhere(check_stop)  # the echo itself is cut at the stop string, on every kind
 
 
 def send(client: openai.OpenAI, kind: str, case: Case) -> Answer:
@@ -402,6 +426,15 @@ def test_the_readme_holds_the_rendered_table() -> None:
     rendered = table.render_markdown()
     assert rendered in readme and readme.count("| `model` |") == 1
     assert "**Request fields on each pool kind**" in readme
+
+
+def test_harmony_rows_say_what_the_generate_table_does() -> None:
+    """An engine option's harmony cells are a 400 exactly where router/dialects/engine_options.py refuses it."""
+    assert set(GENERATE_OPTIONS) | set(HARMONY_REFUSED) == ENGINE_FIELDS
+    for name in ENGINE_FIELDS:
+        for kind, engine in ((table.HARMONY_VLLM, "vllm"), (table.HARMONY_SGLANG, "sglang")):
+            refused = name in HARMONY_REFUSED or engine not in GENERATE_OPTIONS.get(name, {})
+            assert (ROWS[name].outcomes[kind].status == "400") == refused, (name, kind)
 
 
 def test_generate_body_carries_the_sampling_fields(enc: Any) -> None:

@@ -21,13 +21,15 @@ from backends.engines import (
 )
 from router.dialects.chat_chunks import chunk_object
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, ReasoningText, TextDelta, Usage
+from router.dialects.engine_options import place_options
 from router.dialects.harmony import HarmonyParser, render_prompt, stop_token_ids
 from router.dialects.harmony_chunks import IdsTemplate, probe_ids
 from router.dialects.harmony_constrain import final_schema, forced, structural_tag
 from router.dialects.sglang_frames import CumulativeFrames
+from router.dialects.stop_strings import StopStrings
 from router.protocol.errors import InvalidRequest
 from router.protocol.items import Item
-from router.protocol.requests import CreateResponse
+from router.protocol.requests import CreateResponse, engine_options
 from router.protocol.tools import ToolSet
 
 
@@ -57,6 +59,12 @@ class HarmonyTurn:
         # vLLM's plain frames, read without parsing; SGLang's cumulative ones without what came before
         self._template = IdsTemplate() if engine != "sglang" else None
         self._cumulative = CumulativeFrames() if engine == "sglang" else None
+        # The request's stop strings: the engine stops at one, the router cuts its text there
+        self._stops = StopStrings(req.stop, bool(req.include_stop_str_in_output)) if req.stop else None
+        # The client's own stop ids (harmony's end the turn in the parser): the engine's text leaves the
+        # one it matched out, unless include_stop_str_in_output
+        self._client_stops = frozenset(req.stop_token_ids or ()) - set(stop_token_ids(encoding))
+        self._keep_stop = bool(req.include_stop_str_in_output)
 
     def request(self, items: list[Item], *, stream: bool) -> dict[str, Any]:
         req = self._req
@@ -69,10 +77,12 @@ class HarmonyTurn:
                                        top_p=req.top_p, stream=stream, request_id=self._request_id)
             if tag is not None:
                 body["structured_outputs"] = {"structural_tag": tag}
+            place_options(body, engine_options(req), self._engine, completions=True)
             return body
         body = generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
                                 stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
                                 top_p=req.top_p, stream=stream, request_id=self._request_id)
+        place_options(body, engine_options(req), self._engine)  # prepare refused what the engine lacks
         if tag is not None:  # the same structural tag on both wires (router/dialects/harmony_constrain.py)
             if self._engine == "sglang":
                 body["sampling_params"]["structural_tag"] = tag
@@ -148,7 +158,7 @@ class HarmonyTurn:
         ids = template.read(payload) if template is not None else None
         if ids is None:
             return self._parsed(payload)
-        if len(ids) == 1:
+        if len(ids) == 1 and self._stops is None:  # stop strings: every piece of text through the filter
             text = self._parser.plain(ids[0])
             if text is not None:
                 self._generated += 1
@@ -176,9 +186,12 @@ class HarmonyTurn:
         if kind is ReasoningText:
             return [ReasoningDelta(str(payload))]
         step = self._reader.step(payload)
-        out = self._parser.feed(step.token_ids)
+        ids = step.token_ids
+        if step.finish == "stop" and ids and ids[-1] in self._client_stops and not self._keep_stop:
+            ids = ids[:-1]
+        out = self._parser.feed(ids)
         self._generated += len(step.token_ids)
-        if step.stop_token is not None and not self._parser.done:
+        if step.stop_token is not None and not self._parser.done and step.stop_token not in self._client_stops:
             out += self._parser.feed([step.stop_token])  # an engine that trimmed the stop token it matched
         if step.prompt_tokens is not None or step.completion_tokens is not None:
             self._counts = step
@@ -197,7 +210,9 @@ class HarmonyTurn:
     def _held(self, deltas: list[Delta]) -> list[Delta]:
         """``deltas``, unless a turn that had to call a tool ended with none: then a ValueError,
         which fails the response (an engine that did not hold the constraint): a forced choice
-        never ends ``completed`` with a plain message."""
+        never ends ``completed`` with a plain message. With stop strings, the text cut at the first one."""
+        if self._stops is not None:
+            deltas = self._stops.filter(deltas)
         if self._forced:
             for delta in deltas:
                 if type(delta) is Finish and delta.reason == "stop":

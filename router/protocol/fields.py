@@ -71,16 +71,37 @@ def _refused(param: str, code: str = "unsupported_parameter", note: str = "") ->
     return Outcome("400", note=note, code=code, param=param)
 
 
-def _engine_option(name: str, meaning: str, *, vllm: str | None = "", sglang: str | None = "") -> Field:
+def _engine_option(name: str, meaning: str, *, vllm: str | None = "", sglang: str | None = "",
+                   harmony: tuple[str | Outcome | None, str | Outcome | None] | str) -> Field:
     """An engine option: on chat pools sent to the engine under its wire name ("" = the same name; None:
-    the engine lacks it, a 400), recorded in the response; refused on harmony pools."""
+    the engine lacks it, a 400), recorded in the response. ``harmony``: where the generate call of a
+    harmony pool on vLLM and on SGLang takes it (router/dialects/engine_options.py), a note each, None
+    where that engine lacks it (an Outcome: one with its proof); or, one string, why no harmony pool takes
+    it (a 400 on both)."""
     def chat(wire: str | None, engine: str) -> Outcome:
         if wire is None:
             return _refused(name, note=f"not {engine}'s")
         return Outcome("effect", note=f"sent as `{wire}`" if wire else "")
-    return Field(name, meaning + "; recorded in the response (harmony pools take no engine options yet)", {
-        CHAT_VLLM: chat(vllm, "vLLM"), CHAT_SGLANG: chat(sglang, "SGLang"),
-        HARMONY_VLLM: _refused(name), HARMONY_SGLANG: _refused(name)})
+
+    def generate(note: str | Outcome | None, engine: str) -> Outcome:
+        if isinstance(note, Outcome):
+            return note
+        return _refused(name, note=f"not {engine}'s") if note is None else Outcome("effect", note=note)
+    if isinstance(harmony, str):
+        on_harmony = dict.fromkeys(HARMONY, _refused(name, note=harmony))
+    else:
+        on_harmony = {HARMONY_VLLM: generate(harmony[0], "vLLM"), HARMONY_SGLANG: generate(harmony[1], "SGLang")}
+    return Field(name, meaning + "; recorded in the response", {
+        CHAT_VLLM: chat(vllm, "vLLM"), CHAT_SGLANG: chat(sglang, "SGLang"), **on_harmony})
+
+
+def _both(note: str) -> tuple[str, str]:
+    return note, note
+
+
+def _sampling(wire: str, sglang: str = "") -> tuple[str, str]:
+    """The generate call's ``sampling_params.NAME`` on both engines (SGLang's own name when given)."""
+    return f"`sampling_params.{wire}`", f"`sampling_params.{sglang or wire}`"
 
 
 FIELDS: tuple[Field, ...] = (
@@ -162,25 +183,34 @@ FIELDS: tuple[Field, ...] = (
     Field("prompt_cache_options", "a hint for OpenAI's cache: returned as sent, no effect here", _all(ECHOED)),
     Field("background_options", "a hint for OpenAI's scheduling: returned as sent, no effect here", _all(ECHOED)),
     Field("reasoning_events", "the names of a stream's reasoning events (openai or open-responses)", _all(EFFECT)),
-    _engine_option("seed", "the engine's sampling seed"),
-    _engine_option("stop", "stop strings (at most 4)"),
-    _engine_option("top_k", "top-k sampling"),
-    _engine_option("min_p", "min-p sampling"),
-    _engine_option("repetition_penalty", "repetition penalty"),
-    _engine_option("presence_penalty", "presence penalty"),
-    _engine_option("frequency_penalty", "frequency penalty"),
-    _engine_option("logit_bias", "token logit bias"),
-    _engine_option("priority", "the engine's request priority"),
-    _engine_option("cache_salt", "splits the engine's prefix cache"),
-    _engine_option("request_id", "the engine's request id", sglang="rid"),
-    _engine_option("session_id", "the engine's session id"),
-    _engine_option("chat_template_kwargs", "chat template arguments, over the effort switch"),
-    _engine_option("stop_token_ids", "stop token ids"),
-    _engine_option("ignore_eos", "generate past the end-of-sequence token"),
-    _engine_option("skip_special_tokens", "special tokens left out of the text"),
-    _engine_option("include_stop_str_in_output", "the stop string kept in the text", sglang="no_stop_trim"),
-    _engine_option("extra_key", "SGLang's extra cache key", vllm=None),
-    _engine_option("vllm_xargs", "vLLM's extra arguments", sglang=None),
+    _engine_option("seed", "the engine's sampling seed", harmony=_sampling("seed", "sampling_seed")),
+    _engine_option("stop", "stop strings (at most 4)",
+                   harmony=_both("`sampling_params.stop`; the router cuts the text at it")),
+    _engine_option("top_k", "top-k sampling", harmony=_sampling("top_k")),
+    _engine_option("min_p", "min-p sampling", harmony=_sampling("min_p")),
+    _engine_option("repetition_penalty", "repetition penalty", harmony=_sampling("repetition_penalty")),
+    _engine_option("presence_penalty", "presence penalty", harmony=_sampling("presence_penalty")),
+    _engine_option("frequency_penalty", "frequency penalty", harmony=_sampling("frequency_penalty")),
+    _engine_option("logit_bias", "token logit bias", harmony=_sampling("logit_bias")),
+    _engine_option("priority", "the engine's request priority", harmony=_both("`priority`")),
+    _engine_option("cache_salt", "splits the engine's prefix cache",
+                   harmony=("`cache_salt`", "`extra_key` (before an `extra_key` sent too)")),
+    _engine_option("request_id", "the engine's request id", sglang="rid", harmony=("`request_id`", "`rid`")),
+    _engine_option("session_id", "the engine's session id", harmony="no session id on the generate call"),
+    _engine_option("chat_template_kwargs", "chat template arguments, over the effort switch",
+                   harmony="no chat template: the router renders the tokens"),
+    _engine_option("stop_token_ids", "stop token ids",
+                   harmony=_both("`sampling_params.stop_token_ids`, after harmony's own")),
+    _engine_option("ignore_eos", "generate past the end-of-sequence token",
+                   harmony=_both("`sampling_params.ignore_eos`; harmony's stop ids still end the turn")),
+    _engine_option("skip_special_tokens", "special tokens left out of the text",
+                   harmony="the router reads harmony's special tokens"),
+    _engine_option("include_stop_str_in_output", "the stop string kept in the text", sglang="no_stop_trim",
+                   harmony=("`sampling_params.include_stop_str_in_output`; the router keeps it",
+                            Outcome("effect", note="the router keeps it (`no_stop_trim` is always on)",
+                                    proof="tests/test_e2e_harmony_engine_options.py::test_stop_string_kept_when_asked"))),
+    _engine_option("extra_key", "SGLang's extra cache key", vllm=None, harmony=(None, "`extra_key`")),
+    _engine_option("vllm_xargs", "vLLM's extra arguments", sglang=None, harmony=("`sampling_params.extra_args`", None)),
 )
 
 

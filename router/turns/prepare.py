@@ -10,6 +10,7 @@ from typing import Any
 
 from router import telemetry
 from router.dialects.chat import refused_options
+from router.dialects.engine_options import refused_on_generate
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import ItemIds, response_id
 from router.protocol.items import Item, message_text, normalize_input
@@ -94,15 +95,20 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
 
 
 def _check_engine_options(options: dict[str, Any], route: ModelRoute, model: str) -> None:
-    """A 400 naming the first engine option the pool serving this request cannot take, and the pool."""
+    """A 400 naming the first engine option the pool serving this request cannot take, the pool, and
+    why: its engine lacks it, or (harmony pools: the generate call, router/dialects/engine_options.py)
+    it cannot apply where the router renders and reads the tokens itself."""
     pool = route.pool
-    if route.dialect == "harmony":  # TODO: pass them in the generate call's sampling parameters
-        name = next(iter(options))
-        raise InvalidRequest(f"'{name}' is not available for model '{model}' on pool '{pool.name}': the pool serves gpt-oss "
-                             "through harmony, which takes no engine options yet", param=name, code="unsupported_parameter")
-    refused = refused_options(options, pool.engine.name)
-    if refused:
-        name = refused[0]
+    if route.dialect == "harmony":
+        refused = refused_on_generate(options, pool.engine.name)
+        if refused is not None:
+            name, why = refused
+            raise InvalidRequest(f"'{name}' is not available for model '{model}' on pool '{pool.name}', which serves "
+                                 f"gpt-oss through harmony: {why}", param=name, code="unsupported_parameter")
+        return
+    names = refused_options(options, pool.engine.name)
+    if names:
+        name = names[0]
         raise InvalidRequest(f"'{name}' is not available for model '{model}' on pool '{pool.name}': its engine "
                              f"({pool.engine.name}) does not take it", param=name, code="unsupported_parameter")
 
