@@ -174,9 +174,10 @@ MAX_STOP = 4  # stop sequences, as OpenAI and vLLM allow
 
 def engine_options(req: CreateResponse) -> dict[str, Any]:
     """The engine options the request sets (not null), by field name, in the model's order."""
-    sent = req.model_fields_set & ENGINE_FIELDS
-    if not sent:
+    fields_set = req.__pydantic_fields_set__  # model_fields_set without the property's call (once per create and per turn)
+    if ENGINE_FIELDS.isdisjoint(fields_set):
         return {}
+    sent = fields_set & ENGINE_FIELDS
     return {name: value for name in CreateResponse.model_fields if name in sent and (value := getattr(req, name)) is not None}
 
 

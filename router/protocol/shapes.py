@@ -107,6 +107,10 @@ SOURCES = frozenset({"web_search_call.action.sources", "web_search_call.results"
 IMAGE_URLS = "message.input_image.image_url"
 
 
+# The item types ``include`` can hide parts of: any other item is shown whole, without a call.
+VIEWED = frozenset({"code_interpreter_call", "web_search_call"})
+
+
 def item_view(item: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
     """An output item as a client sees it: a code_interpreter_call's ``outputs`` null and a
     search's ``action.sources`` left out unless ``include`` names them. ``item`` itself when
@@ -126,6 +130,8 @@ def response_view(body: dict[str, Any], include: Collection[str]) -> dict[str, A
     """A Response as a client sees it (``item_view`` of each output item); ``body`` itself when
     nothing is left out."""
     output = body.get("output") or []
+    if not any(item.get("type") in VIEWED for item in output):  # nothing to hide: the usual answer
+        return body
     shown = [item_view(item, include) for item in output]
     if all(a is b for a, b in zip(shown, output)):
         return body

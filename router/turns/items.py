@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from router.protocol.shapes import item_view
+from router.protocol.shapes import VIEWED, item_view
 
 Event = dict[str, Any]
 
@@ -35,7 +35,7 @@ def copy_item(item: dict[str, Any], include: Collection[str] = frozenset()) -> d
     for key in ("content", "summary"):
         if key in copy:
             copy[key] = [dict(part) for part in copy[key]]
-    return item_view(copy, include)
+    return item_view(copy, include) if copy.get("type") in VIEWED else copy
 
 
 class OpenItem:

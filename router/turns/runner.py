@@ -276,7 +276,7 @@ class ResponseRun:
         self.direct = write
 
     async def _compact(self) -> None:
-        if self.sealer is None:
+        if self.sealer is None or self.req.context_management is None:  # nothing to fold: no coroutine made
             return
         folded = await fold_history(self.route, self.req, self.tools, self.prompt_items, sealer=self.sealer,
                                     owner=self.owner, rid=self.response["id"])
@@ -314,6 +314,8 @@ class ResponseRun:
     def _begin_call(self) -> None:
         """A worker call's span, ended with the call (its answer read, its stream closed, or its
         failure); the worker requests made for it carry its trace context."""
+        if not telemetry.tracing():
+            return
         self._call_span = telemetry.start("worker call", **{"router.pool": self.route.pool.name, "router.model": self.req.model})
         telemetry.inject(self._call_span)
 

@@ -8,7 +8,7 @@ response, as does ``max_tool_calls`` or the router's ``max_turns``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router import telemetry
@@ -33,11 +33,11 @@ class ToolLoop:
     max_tool_calls: int | None
     metrics: Any = None  # router.metrics.RouterMetrics: tool_calls_total, tool_call_duration_seconds
     _calls_run: int = 0
+    loops: bool = field(init=False)  # whether the router may run tools between turns (else one plain worker call does)
 
-    @property
-    def loops(self) -> bool:
-        """Whether the router may run tools between turns (else one plain worker call does)."""
-        return self.prelude is not None or any(t.kind in ROUTER_RUN for t in self.tools.offered)
+    def __post_init__(self) -> None:
+        offered = self.tools.offered
+        self.loops = self.prelude is not None or (bool(offered) and any(t.kind in ROUTER_RUN for t in offered))
 
     @property
     def max_turns(self) -> int:
