@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -97,8 +98,9 @@ def active() -> int:
     return _active
 
 
-def current() -> Access | None:
-    return _current.get()
+# The record of the request answered in this context, or None: the context variable's own ``get``,
+# a C call, not a Python frame (a create asks twice).
+current: Callable[[], Access | None] = _current.get
 
 
 def end(access: Access) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from router.protocol.items import Item
@@ -41,13 +41,16 @@ class Record:
     # Its end could not be stored (the store stayed unreachable past its retries): ``end`` again later.
     unstored: bool = False
     _persisted: bool = False  # stored once already: later puts only update it
-    _put_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Leased runs only (their checkpoints may overlap their end): a plain create's one put takes no lock.
+    _put_lock: asyncio.Lock | None = None
     _checkpointed: int = -1  # the event sequence number of the last checkpoint
 
     def lease(self, holder: str, lease_s: float) -> None:
         """Held by the replica ``holder`` while it runs (router/turns/leases.py renews it)."""
         self.lease_holder = holder
         self.lease_s = lease_s
+        if self._put_lock is None:
+            self._put_lock = asyncio.Lock()
 
     async def end(self, response: dict[str, Any], *, write: bool = True) -> bool:
         """Its state now (its end, or ``queued`` for a background run): appended to its conversation
@@ -99,9 +102,10 @@ class Record:
         the sweep fails it with what its client had seen up to the last checkpoint, not with nothing.
         Nothing when no event came since the last one (``sequence``), or once the response ended
         (its own put, under the same lock, comes first). True: stored."""
-        if sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
+        lock = self._put_lock
+        if lock is None or sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
             return False
-        async with self._put_lock:
+        async with lock:
             if response["status"] != "in_progress":
                 return False
             self._checkpointed = sequence
@@ -116,6 +120,9 @@ class Record:
         return True
 
     async def _put(self, body: dict[str, Any]) -> None:
+        if self._put_lock is None:  # not leased: no checkpoints to wait for
+            await self._store(body)
+            return
         async with self._put_lock:  # never under a checkpoint's put, which would overwrite it
             await self._store(body)
 
