@@ -4,8 +4,9 @@
 
 Seconds on this machine move by 30-50% from one hour to the next (a shared
 VM: the same code and load read 30 or 47 us per token). Instruction counts
-do not: the same tree reads the same count to 0.1%, so an A/B of two trees
-is this script, run once, and ``bench/run.py`` gives the seconds.
+do not: the same tree reads the same count to about 0.5% (984.7k and 989.0k
+per create in two runs of one tree), so an A/B of two trees is this script,
+run once, and ``bench/run.py`` gives the seconds.
 
 The router runs under ``valgrind --tool=callgrind`` (user-space instructions
 of every thread; the kernel's share of a syscall is not counted), the sim
