@@ -72,6 +72,14 @@ def begin_request(request_id: str) -> None:
     REQUEST_HEADERS.set(line)
 
 
+def worker_request_id(request_id: str) -> None:
+    """From now, worker requests made in this context carry ``request_id`` as their x-request-id
+    (``begin_request`` set the router's own): a client's engine ``request_id``, which vLLM takes from
+    this header before its body (vllm/entrypoints/serve/engine/serving.py ``_base_request_id``), so
+    the body's alone would be ignored. Checked as visible ASCII (requests.py ``check_supported``)."""
+    begin_request(request_id)
+
+
 def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]], request_id: str) -> Any:
     """The span of one request (a context manager), the client's ``traceparent`` its parent."""
     if _tracer is None:

@@ -151,3 +151,37 @@ def test_without_an_endpoint_workers_still_get_the_request_id(tmp_path: Any, tra
         assert "traceparent" not in seen  # no tracing here: nothing to continue
     finally:
         assert proc.stop() == 0
+
+
+def test_a_clients_request_id_is_the_worker_requests_id(tmp_path: Any) -> None:
+    """vLLM takes a request's id from X-Request-Id before its body's ``request_id``: a client's
+    ``request_id`` (an engine option) is sent in both, so the engine uses it; the router's own id
+    stays the answer's. One that cannot be a header value is a 400 naming it."""
+    sim = Sim("--engine", "vllm")
+    proxy = HeaderProxy(f"http://127.0.0.1:{sim.port}").start()
+    body = f'[[pools]]\nname = "vl"\nengine = "vllm"\nmodel = "sim-model"\nurls = ["{proxy.url}"]\n[[models]]\nname = "m"\npool = "vl"\n'
+    proc = start_router(tmp_path, body)
+    try:
+        client = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+        def last_sent() -> dict[str, str]:
+            return [headers for path, headers in proxy.seen if path == "/v1/chat/completions"][-1]
+
+        made = client.responses.with_raw_response.create(model="m", input="hi", extra_body={"request_id": "client-id-7"})
+        assert made.parse().status == "completed"
+        assert last_sent()["x-request-id"] == "client-id-7"
+        assert made.headers["x-request-id"].startswith("req_")  # the router's own, on its answer
+        streamed = client.responses.create(model="m", input="hi", stream=True, extra_body={"request_id": "client-id-8"})
+        assert [e.type for e in streamed][-1] == "response.completed"
+        assert last_sent()["x-request-id"] == "client-id-8"
+        plain = client.responses.with_raw_response.create(model="m", input="hi")
+        assert last_sent()["x-request-id"] == plain.headers["x-request-id"]  # without one: the router's
+        for bad in ("two words", "line\r\nx-evil: 1", "caf\u00e9"):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.responses.create(model="m", input="hi", extra_body={"request_id": bad})
+            assert caught.value.body["param"] == "request_id" and caught.value.body["code"] == "invalid_value"  # type: ignore[index]
+        assert last_sent()["x-request-id"] == plain.headers["x-request-id"]  # nothing more was sent
+    finally:
+        assert proc.stop() == 0
+        proxy.stop()
+        sim.stop()

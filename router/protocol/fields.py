@@ -195,7 +195,8 @@ FIELDS: tuple[Field, ...] = (
     _engine_option("priority", "the engine's request priority", harmony=_both("`priority`")),
     _engine_option("cache_salt", "splits the engine's prefix cache",
                    harmony=("`cache_salt`", "`extra_key` (before an `extra_key` sent too)")),
-    _engine_option("request_id", "the engine's request id", sglang="rid", harmony=("`request_id`", "`rid`")),
+    _engine_option("request_id", "the engine's request id, also the X-Request-Id of its worker requests (vLLM reads that "
+                   "first); visible ASCII", sglang="rid", harmony=("`request_id`", "`rid`")),
     _engine_option("session_id", "the engine's session id", harmony="no session id on the generate call"),
     _engine_option("chat_template_kwargs", "chat template arguments, over the effort switch",
                    harmony="no chat template: the router renders the tokens"),

@@ -7,6 +7,7 @@ with a 400 naming them, so nothing is silently dropped.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -170,6 +171,9 @@ ENGINE_FIELDS = frozenset({"seed", "stop", "top_k", "min_p", "repetition_penalty
                            "stop_token_ids", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
                            "extra_key", "vllm_xargs"})
 MAX_STOP = 4  # stop sequences, as OpenAI and vLLM allow
+# A client's engine ``request_id`` goes into a header line of the worker requests (router/telemetry.py
+# ``worker_request_id``): visible ASCII only, so no line break or other header can ride in it.
+_HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 def engine_options(req: CreateResponse) -> dict[str, Any]:
@@ -254,6 +258,9 @@ def check_supported(req: CreateResponse) -> None:
     compact_threshold(req)
     if req.stop is not None:
         _check_stop(req.stop)
+    if req.request_id is not None and not _HEADER_TOKEN.fullmatch(req.request_id):
+        raise InvalidRequest("request_id must be printable ASCII without spaces: it is also the worker request's "
+                             "X-Request-Id header", param="request_id", code="invalid_value")
     if req.stream_options is not None:
         _check_stream_options(req.stream_options)
     if req.prompt is not None:

@@ -80,6 +80,8 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     options = engine_options(req)
     if options:
         _check_engine_options(options, routing.route, req.model)
+        if "request_id" in options:  # the engine's id for its calls: in the header vLLM reads first
+            telemetry.worker_request_id(options["request_id"])
         response.update(options)  # recorded with the response (a later turn gets them only if it sends them again)
     record = Record(store=store, owner=owner, stored=bool(req.store), previous_response_id=req.previous_response_id,
                     input_items=input_items, background=bool(req.background), ttl_s=ttl_s,
