@@ -209,10 +209,16 @@ def test_options_are_recorded_and_not_carried_over_a_chain(client: openai.OpenAI
 
 @pytest.mark.parametrize(("tier", "priority"), [("priority", -1), ("flex", 1)])
 def test_service_tier_is_the_engines_priority_where_the_pool_honours_it(client: openai.OpenAI, tier: str, priority: int) -> None:
-    honoured = echoed(client.responses.create(model="vl", input=ECHO, service_tier=tier))  # type: ignore[arg-type]
-    assert honoured["priority"] == priority
-    not_honoured = echoed(client.responses.create(model="sg", input=ECHO, service_tier=tier))  # type: ignore[arg-type]
-    assert "priority" not in not_honoured
+    """The response says the tier that served it, as OpenAI's does: the one asked for where the pool
+    honours it, ``default`` where it does not."""
+    honoured = client.responses.create(model="vl", input=ECHO, service_tier=tier)  # type: ignore[arg-type]
+    assert echoed(honoured)["priority"] == priority and honoured.service_tier == tier
+    not_honoured = client.responses.create(model="sg", input=ECHO, service_tier=tier)  # type: ignore[arg-type]
+    assert "priority" not in echoed(not_honoured) and not_honoured.service_tier == "default"
+    stored = client.responses.retrieve(not_honoured.id)
+    assert stored.service_tier == "default"
+    auto = client.responses.create(model="vl", input="hi", service_tier="auto")
+    assert auto.service_tier == "default"
 
 
 def test_service_tier_default_sends_no_priority_and_an_explicit_one_wins(client: openai.OpenAI) -> None:

@@ -21,7 +21,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False, scale_out: bool = True) -> str:
+def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False, scale_out: bool = True,
+                 honor_service_tier: bool = False) -> str:
     first, last = free_range()
     args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
     if incremental:
@@ -37,6 +38,7 @@ dialect = "harmony"
 model = "gpt-oss-sim"
 context_length = 8192
 health_interval_s = 0.5
+honor_service_tier = {"true" if honor_service_tier else "false"}
 [pools.managed]
 replicas = 1
 port_range = [{first}, {last}]

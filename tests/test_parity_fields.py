@@ -49,8 +49,9 @@ SDK_PARAMS = frozenset(inspect.signature(openai.OpenAI(api_key="x").responses.cr
 def router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
     search = FakeSearch().start()  # web_search runs on the router: max_tool_calls and include show on it
     body = (f'[harmony]\nvocab_dir = "{harmony_vocab}"\n' + engine_pool_toml(table.CHAT_VLLM, "vllm", honor_service_tier=True)
-            + engine_pool_toml(table.CHAT_SGLANG, "sglang", honor_service_tier=True) + harmony_pool(table.HARMONY_VLLM, "vllm", harmony_vocab)
-            + harmony_pool(table.HARMONY_SGLANG, "sglang", harmony_vocab)
+            + engine_pool_toml(table.CHAT_SGLANG, "sglang", honor_service_tier=True)
+            + harmony_pool(table.HARMONY_VLLM, "vllm", harmony_vocab, honor_service_tier=True)
+            + harmony_pool(table.HARMONY_SGLANG, "sglang", harmony_vocab, honor_service_tier=True)
             + "".join(f'\n[[models]]\nname = "{kind}"\npool = "{kind}"\n' for kind in POOL_KINDS)
             + f'\n[tools]\nprivate_networks = ["127.0.0.0/8"]\n[tools.web_search]\nurl = "{search.search_url}"\n')
     try:
@@ -336,7 +337,7 @@ CASES: dict[str, Case] = {
     "prompt_cache_key": Case({"prompt_cache_key": "tenant-a"}, echo=("prompt_cache_key",)),
     "prompt_cache_retention": Case({"prompt_cache_retention": "24h"}, echo=("prompt_cache_retention",)),
     "service_tier": Case({"service_tier": "priority"}, prompt=ECHO_REQUEST, echo=("service_tier",),
-                         checks=on_chat(sent_has("priority", -1))),
+                         checks=everywhere(sent_has("priority", -1))),
     "prompt": Case({"prompt": {"id": "pmpt_123"}}),
     "context_management": Case({"context_management": [{"type": "compaction", "compact_threshold": 1}]}, before=first_turn,
                                checks=everywhere(check_compacted)),

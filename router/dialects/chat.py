@@ -81,6 +81,15 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
 TIER_PRIORITY = {"priority": -1, "flex": 1}
 
 
+def tier_priority(service_tier: str | None, honored: bool, engine: str) -> int | None:
+    """The request priority ``service_tier`` becomes on the engine of a pool that honours it (vLLM's
+    and SGLang's chat and generate calls take ``priority``); None: it runs at the default priority,
+    and the response says ``default`` (OpenAI's meaning: the tier that served it)."""
+    if not honored or engine not in ENGINE_OPTIONS["priority"]:
+        return None
+    return TIER_PRIORITY.get(service_tier or "")
+
+
 def refused_options(options: dict[str, Any], engine: str) -> list[str]:
     """The engine options of ``options`` (requests.engine_options) that ``engine`` does not take."""
     return [name for name in options if engine not in ENGINE_OPTIONS[name]]
@@ -265,8 +274,8 @@ def build_request(
     elif fmt["type"] == "json_object":
         body["response_format"] = {"type": "json_object"}
     _reasoning_switch(body, (req.reasoning or {}).get("effort"), options)
-    tier = TIER_PRIORITY.get(req.service_tier or "")
-    if tier is not None and options.honor_service_tier and options.engine in ENGINE_OPTIONS["priority"]:
+    tier = tier_priority(req.service_tier, options.honor_service_tier, options.engine)
+    if tier is not None:
         body["priority"] = tier  # an explicit "priority" (below) wins
     for name, value in engine_options(req).items():  # refused in prepare where the engine lacks one
         wire = ENGINE_OPTIONS[name].get(options.engine)

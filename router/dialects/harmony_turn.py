@@ -41,7 +41,8 @@ class FrameDeltas(list[Delta]):
 
 class HarmonyTurn:
     def __init__(self, req: CreateResponse, tools: ToolSet, encoding: HarmonyEncoding, *, engine: str,
-                 context_length: int | None, request_id: str, model: str = "", use_completions: bool = False) -> None:
+                 context_length: int | None, request_id: str, model: str = "", use_completions: bool = False,
+                 priority: int | None = None) -> None:
         self.path = COMPLETIONS_FALLBACK_PATH if use_completions else GENERATE_PATH[engine]
         self.model = model
         self._req = req
@@ -50,6 +51,7 @@ class HarmonyTurn:
         self._engine = engine
         self._context_length = context_length
         self._request_id = request_id
+        self._priority = priority  # service_tier's, on a pool that honours it (an explicit ``priority`` wins)
         self._parser = HarmonyParser(encoding)
         self._reader = GenerateReader(engine)
         self._prompt_tokens = 0
@@ -77,11 +79,15 @@ class HarmonyTurn:
                                        top_p=req.top_p, stream=stream, request_id=self._request_id)
             if tag is not None:
                 body["structured_outputs"] = {"structural_tag": tag}
+            if self._priority is not None:
+                body["priority"] = self._priority
             place_options(body, engine_options(req), self._engine, completions=True)
             return body
         body = generate_request(self._engine, ids, max_tokens=self._max_tokens(len(ids)),
                                 stop_token_ids=stop_token_ids(self._encoding), temperature=req.temperature,
                                 top_p=req.top_p, stream=stream, request_id=self._request_id)
+        if self._priority is not None:  # top level on both engines' generate calls
+            body["priority"] = self._priority
         place_options(body, engine_options(req), self._engine)  # prepare refused what the engine lacks
         if tag is not None:  # the same structural tag on both wires (router/dialects/harmony_constrain.py)
             if self._engine == "sglang":

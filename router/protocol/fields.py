@@ -172,9 +172,10 @@ FIELDS: tuple[Field, ...] = (
     Field("prompt_cache_key", "returned; the arm key, and on `policy = \"affinity\"` pools one worker for a key",
           _all(Outcome("effect", proof="tests/test_e2e_engine_extras.py::test_prompt_cache_key_keeps_requests_on_one_worker"))),
     Field("prompt_cache_retention", "a hint for OpenAI's cache: returned as sent, no effect here", _all(ECHOED)),
-    Field("service_tier", "returned; with `honor_service_tier = true` on a chat pool, priority/flex become the "
-          "engine's request `priority` -1/1",
-          _split(Outcome("effect", note="with honor_service_tier"), Outcome("echoed", note="not sent to the engine"))),
+    Field("service_tier", "returned as the tier that served it (`default` unless the pool has `honor_service_tier = true`, "
+          "where priority/flex become the engine's request `priority` -1/1)",
+          _split(Outcome("effect", note="with honor_service_tier"),
+                 Outcome("effect", note="with honor_service_tier: the generate call's `priority`"))),
     Field("prompt", "prompt templates are OpenAI's", _all(_refused("prompt"))),
     Field("context_management", "compaction: past `compact_threshold` tokens the older turns are summarized",
           _all(EFFECT)),

@@ -77,6 +77,8 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
 
         refuse_media(written, input_items, history, model=req.model,
                      history_param="conversation" if conversation_id is not None else "previous_response_id")
+    if req.service_tier is not None:  # the tier that serves it (OpenAI's meaning), not the one asked for
+        response["service_tier"] = req.service_tier if routing.route.tier_priority(req.service_tier) is not None else "default"
     options = engine_options(req)
     if options:
         _check_engine_options(options, routing.route, req.model)

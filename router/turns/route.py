@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from backends.pools import Pool
-from router.dialects.chat import ChatOptions, ChatTurn
+from router.dialects.chat import ChatOptions, ChatTurn, tier_priority
 from router.dialects.turn import DialectTurn
 from router.protocol.requests import CreateResponse
 from router.protocol.tools import ToolSet
@@ -27,6 +27,10 @@ class ModelRoute:
 
             return HarmonyTurn(req, tools, self.harmony, engine=self.pool.engine.name,
                                context_length=self.pool.max_model_len, request_id=request_id, model=self.pool.model,
-                               use_completions=self.pool.no_generate)
+                               use_completions=self.pool.no_generate, priority=self.tier_priority(req.service_tier))
         return ChatTurn(req, tools, self.chat, model=self.pool.model, path=self.pool.engine.chat_path,
                         context_length=self.pool.max_model_len)
+
+    def tier_priority(self, service_tier: str | None) -> int | None:
+        """The engine priority ``service_tier`` runs at on this pool (None: the default one)."""
+        return tier_priority(service_tier, self.chat.honor_service_tier, self.pool.engine.name)
