@@ -22,11 +22,18 @@ and responses; ``sqlite_schema`` the migrations; ``sqlite_puts`` how responses
 are written (one put, a group of them); ``sqlite_conversations`` and
 ``sqlite_background`` the conversation and background-response methods as
 mixins over the same connection and thread.
+
+A failure of the file itself (locked by another process past the busy
+timeout, a full disk, an unwritable file, an I/O error, a corrupt page) is
+what clients see of any store failure, 503 ``store_unavailable`` (or a
+stream's ``response.failed``), with the SQLite error logged; a constraint
+or a bug stays what it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sqlite3
 import time
@@ -42,7 +49,7 @@ from router.state.sqlite_background import SQLiteBackground
 from router.state.sqlite_conversations import SQLiteConversations
 from router.state.sqlite_puts import decode_body, decode_items, forget_items, put_many, put_one, transaction
 from router.state.sqlite_schema import MIGRATIONS
-from router.state.store import Item, ItemPage, Order, ResponseInProgress, StoredResponse
+from router.state.store import Item, ItemPage, Order, ResponseInProgress, StoredResponse, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -106,6 +113,22 @@ SELECT ci.item_id, NULL, ci.body FROM conversation_items ci JOIN conversations c
 WHERE ci.item_id IN (SELECT value FROM json_each(:ids)) AND c.owner = :owner
 """
 
+log = logging.getLogger("router.store")
+
+
+def _file_failed(exc: BaseException) -> bool:
+    """A failure of the database file (OperationalError: locked, full, read-only, I/O; a bare
+    DatabaseError: corrupt), not of the statement (IntegrityError, ProgrammingError, ...)."""
+    return type(exc) is sqlite3.OperationalError or type(exc) is sqlite3.DatabaseError
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    log.warning("the SQLite store failed: %s", exc)
+    unavailable = StoreUnavailable()
+    unavailable.__cause__ = exc
+    return unavailable
+
+
 class SQLiteStore(SQLiteConversations, SQLiteBackground):
     """``Store`` + ``ConversationStore`` + ``BackgroundStore`` over a SQLite file (or ":memory:" for tests)."""
 
@@ -130,7 +153,12 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         if self._executor is None:
             raise RuntimeError("SQLiteStore is not open")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, fn, args)
+        try:
+            return await loop.run_in_executor(self._executor, self._call, fn, args)
+        except sqlite3.DatabaseError as exc:
+            if _file_failed(exc):
+                raise _unavailable(exc) from exc
+            raise
 
     def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self._conn is None:
@@ -254,7 +282,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 return False
-            raise
+            raise _unavailable(exc) from exc
         self._inline_puts += 1
         if self._inline_puts % INLINE_CHECKPOINT_PUTS == 0:  # the WAL is folded back on the store's thread
             self._checkpointing = True
@@ -272,7 +300,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         """
         try:
             await self._run(lambda conn: conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
-        except (sqlite3.Error, RuntimeError):
+        except (sqlite3.Error, StoreUnavailable, RuntimeError):
             pass  # the next one will do it; closing stores end here
         finally:
             self._checkpointing = False
@@ -291,7 +319,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                     if error is None:
                         future.set_result(None)
                     else:
-                        future.set_exception(error)
+                        future.set_exception(_unavailable(error) if _file_failed(error) else error)
         finally:
             self._writing = False
 
