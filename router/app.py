@@ -300,7 +300,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
                             ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
                             max_age_s=config.server.websocket_max_age_s, sealer=sealer, leases=leases).routes(),
-        *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes).routes(),
+        *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer).routes(),
         *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,
                  admin_key=config.auth.admin_key, store=store).routes(),

@@ -360,6 +360,49 @@ def test_input_items_list_image_urls_only_when_included(client: openai.OpenAI) -
     assert json.loads(echo.output_text)[0]["content"][1]["image_url"]["url"] == image["image_url"]  # stored whole
 
 
+def test_conversation_items_show_what_include_names(client: openai.OpenAI) -> None:
+    """A conversation's items (listed, one by one, as added) show tool results, an input image's URL
+    and encrypted reasoning as a response's do: only when ``include`` names them; stored whole."""
+    conversation = client.conversations.create()
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}
+    look = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"}, image]}
+    added = client.conversations.items.create(conversation.id, items=[look]).model_dump()["data"]
+    assert added[0]["content"][1]["image_url"] is None
+    tools: Any = [{"type": "code_interpreter", "container": "auto"}, {"type": "web_search"}]
+    made = client.responses.create(model=MODEL, input="both [sim:call=python,web_search]", tools=tools,
+                                   conversation=conversation.id)
+    assert made.status == "completed"
+    assert client.responses.create(model=MODEL, input="Think first [sim:reason=3] [sim:tokens=2]",
+                                   conversation=conversation.id).status == "completed"
+    everything = [*SHOW, "message.input_image.image_url", "reasoning.encrypted_content"]
+
+    def listed(**kwargs: Any) -> list[dict[str, Any]]:
+        return [i.model_dump() for i in client.conversations.items.list(conversation.id, order="asc", **kwargs).data]
+
+    plain = listed()
+    code, search = shown_calls(plain)
+    assert code["outputs"] is None and search["action"].get("sources") is None
+    assert plain[0]["content"][1]["image_url"] is None
+    (reasoning,) = [i for i in plain if i["type"] == "reasoning"]
+    assert not reasoning.get("encrypted_content")
+    shown = listed(include=everything)
+    code, search = shown_calls(shown)
+    assert code["outputs"][0]["type"] == "logs" and search["action"]["sources"]
+    assert shown[0]["content"][1]["image_url"] == image["image_url"]
+    (reasoning,) = [i for i in shown if i["type"] == "reasoning"]
+    assert reasoning["encrypted_content"]
+    one = client.conversations.items.retrieve(code["id"], conversation_id=conversation.id).model_dump()
+    assert one["outputs"] is None
+    one = client.conversations.items.retrieve(code["id"], conversation_id=conversation.id, include=SHOW).model_dump()
+    assert one["outputs"][0]["type"] == "logs"
+    kept = client.conversations.items.create(conversation.id, items=[look], include=["message.input_image.image_url"])
+    assert kept.model_dump()["data"][0]["content"][1]["image_url"] == image["image_url"]
+    for refused in (["file_search_call.results"], ["no.such.thing"]):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.conversations.items.list(conversation.id, include=refused)  # type: ignore[arg-type]
+        assert err.value.body["param"] == "include[0]"  # type: ignore[index]
+
+
 def test_caps_and_mixed_calls(client: openai.OpenAI, servers: dict[str, Any]) -> None:
     capped = client.responses.create(model=MODEL, input="two [sim:call=mcp__calc__add,mcp__calc__echo]",
                                      tools=[calc(servers)], max_tool_calls=1)

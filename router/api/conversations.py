@@ -11,10 +11,12 @@ from starlette.routing import Route
 
 from router.api.auth import Authenticator
 from router.api.http import Body, int_param, json_response, list_page, order_param, parse_model, read_body
+from router.api.include import include_query, shown_items
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.ids import new_id
 from router.protocol.items import CALLS, OUTPUTS, normalize_item
 from router.protocol.requests import Metadata, check_encodable
+from router.protocol.sealing import Sealer
 from router.state.store import Conversation, ConversationStore
 
 
@@ -35,10 +37,12 @@ class AddItems(BaseModel):
 
 
 class ConversationsAPI:
-    def __init__(self, *, store: ConversationStore, auth: Authenticator, max_body_bytes: int) -> None:
+    def __init__(self, *, store: ConversationStore, auth: Authenticator, max_body_bytes: int,
+                 sealer: Sealer | None = None) -> None:
         self.store = store
         self.auth = auth
         self.max_body_bytes = max_body_bytes
+        self.sealer = sealer  # reasoning's encrypted_content, when a listing's include asks for it
 
     def routes(self) -> list[Route]:
         return [
@@ -88,6 +92,7 @@ class ConversationsAPI:
         cid = request.path_params["conversation_id"]
         query = request.query_params
         after = query.get("after") or None
+        include = include_query(request)
         try:
             page = await self.store.list_conversation_items(
                 cid, owner, after=after, limit=int_param(query.get("limit", "20"), "limit", 1, 100),
@@ -97,11 +102,14 @@ class ConversationsAPI:
             raise InvalidRequest(f"No item with id '{after}' in conversation '{cid}'.", param="after", code="invalid_value") from None
         if page is None:
             raise _not_found(cid)
-        return json_response(list_page(page))
+        listed = list_page(page)
+        listed["data"] = shown_items(listed["data"], include, self.sealer, owner)
+        return json_response(listed)
 
     async def add_items(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid = request.path_params["conversation_id"]
+        include = include_query(request)
         body = parse_model(AddItems, await read_body(request, self.max_body_bytes))
         items = [normalize_item(raw, f"items[{i}]") for i, raw in enumerate(body.items)]
         _no_references(items, "items")
@@ -112,17 +120,19 @@ class ConversationsAPI:
             _outputs_answer_calls(items, await self.store.load_conversation(cid, owner) or [])
         if await self.store.add_conversation_items(cid, owner, items) is None:
             raise _not_found(cid)
-        return json_response({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
+        shown = shown_items([dict(item) for item in items], include, self.sealer, owner)
+        return json_response({"object": "list", "data": shown, "first_id": items[0]["id"], "last_id": items[-1]["id"],
                               "has_more": False})
 
     async def get_item(self, request: Request) -> Body:
         owner = self.auth.owner(request)
         cid, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
+        include = include_query(request)
         item = await self.store.get_conversation_item(cid, owner, item_id)
         if item is None:
             await self._get(request, owner)  # 404 for the conversation itself first
             raise NotFound(f"Item with id '{item_id}' not found.", param="item_id", code="item_not_found")
-        return json_response(item)
+        return json_response(shown_items([item], include, self.sealer, owner)[0])
 
     async def delete_item(self, request: Request) -> Body:
         owner = self.auth.owner(request)

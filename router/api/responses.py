@@ -23,11 +23,11 @@ from router.api.http import (
     parse_model,
     read_raw,
 )
+from router.api.include import include_query, seal, shown_items
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
-from router.protocol.requests import CreateResponse, check_include
-from router.protocol.sealing import seal_reasoning
-from router.protocol.shapes import input_item_view, response_view
+from router.protocol.requests import CreateResponse
+from router.protocol.shapes import response_view
 from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
@@ -103,7 +103,9 @@ class ResponsesAPI:
         body = await self._get(rid, owner)
         query = request.query_params
         if query.get("stream") not in ("true", "1"):
-            return json_response(self._included(body, _include_query(request), owner))
+            include = include_query(request)
+            seal(body.get("output") or [], include, self.sealer, owner)
+            return json_response(response_view(body, include))
         if not body.get("background"):
             raise InvalidRequest("Only responses created with background set to true can be streamed again.",
                                  param="stream", code="stream_not_available")
@@ -131,7 +133,7 @@ class ResponsesAPI:
         limit = int_param(query.get("limit", "20"), "limit", 1, 100)
         order = order_param(query.get("order", "desc"))
         after = query.get("after") or None
-        include = check_include(_include_query(request))
+        include = include_query(request)
         try:
             page = await self.store.list_input_items(rid, owner, after=after, limit=limit, order=order)
         except KeyError:
@@ -139,31 +141,14 @@ class ResponsesAPI:
         if page is None:
             raise _not_found(rid)
         listed = list_page(page)
-        listed["data"] = [input_item_view(item, include) for item in listed["data"]]
+        listed["data"] = shown_items(listed["data"], include, self.sealer, owner)
         return json_response(listed)
-
-    def _included(self, body: dict[str, Any], values: list[str], owner: str) -> dict[str, Any]:
-        """``include`` on a retrieve, as on a create: the stored response shows what it names
-        (router/protocol/shapes.py ``response_view``), and reasoning items get the encrypted_content
-        a create with it would have given them (the reasoning is stored; it is sealed now)."""
-        include = check_include(values)
-        if "reasoning.encrypted_content" in include and self.sealer is not None:
-            for item in body.get("output") or ():
-                if item.get("type") == "reasoning" and not item.get("encrypted_content"):
-                    text = "".join(part.get("text", "") for part in item.get("content") or ())
-                    item["encrypted_content"] = seal_reasoning(self.sealer, owner, text)
-        return response_view(body, include)
 
     async def _get(self, rid: str, owner: str) -> dict[str, Any]:
         body = await self.store.get_response(rid, owner)
         if body is None:
             raise _not_found(rid)
         return body
-
-
-def _include_query(request: Request) -> list[str]:
-    """A query's ``include`` values: ``include[]=...`` (the SDKs) or ``include=...``, each repeatable."""
-    return request.query_params.getlist("include[]") + request.query_params.getlist("include")
 
 
 def _not_found(rid: str) -> NotFound:
