@@ -81,8 +81,34 @@ def test_the_same_id_under_two_owners_is_two_containers(root: Path) -> None:
     assert uid_a != uid_b
     assert logs(seen_by_b) == f"{uid_b} []\n"
     assert logs(seen_by_a) == f"{uid_a} ['note.txt']\nof a\n"
-    assert sorted(os.listdir(root)) == sorted([".newroot", folder(root, "project-x", "key-a").name])  # none named by the id
+    assert sorted(os.listdir(root)) == sorted([".newroot", ".uids", folder(root, "project-x", "key-a").name])  # none named by the id
+    assert sorted(os.listdir(root / ".uids")) == [str(uid_a)]  # B's closed: its uid is free again
     assert folder(root, "project-x", "key-a") != folder(root, "project-x", "key-b")
+
+
+def test_two_containers_never_share_a_uid(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key hashes to the same first uid here: each container still runs as a uid of its own
+    (claimed in root/.uids), keeps it across runs and a new CodeInterpreter (a restart), and a closed
+    container's uid is taken by the next one that needs it."""
+    base = ci_mod._UID_BASE + 7
+    monkeypatch.setattr(ci_mod, "_sandbox_uid", lambda key: base)
+    whoami = "import os\nprint(os.getuid())"
+
+    async def go() -> list[int]:
+        ci = CodeInterpreter(root, SandboxLimits())
+        first = [int(logs(await ci.run(whoami, name, OWNER))) for name in ("a", "b", "c")]
+        again = CodeInterpreter(root, SandboxLimits())
+        kept = [int(logs(await again.run(whoami, name, OWNER))) for name in ("c", "a")]
+        await again.close_container("b", OWNER)
+        reused = int(logs(await again.run(whoami, "d", OWNER)))
+        return [*first, *kept, reused]
+
+    a, b, c, c_again, a_again, d = asyncio.run(go())
+    assert [a, b, c] == [base, base + 1, base + 2]
+    assert (c_again, a_again) == (c, a)
+    assert d == b  # b's, released when b closed
+    assert {p.name: p.read_text() for p in (root / ".uids").iterdir()} == {
+        str(a): folder(root, "a").name, str(c): folder(root, "c").name, str(d): folder(root, "d").name}
 
 
 def test_png_comes_back_as_image(root: Path) -> None:

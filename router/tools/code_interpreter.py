@@ -40,7 +40,10 @@ means the code does not run, and the result says which step failed. The layers:
 A container belongs to the API key that uses it: its id is a name in that key's own namespace.
 The folder and the sandbox uid derive from a hash of (owner, id), so another key that names the
 same id (``"project-x"``, or an auto ``cntr_...`` id it saw) gets a container of its own, empty,
-with another folder and uid; nothing of the first key's files is reachable from it.
+with another folder and uid; nothing of the first key's files is reachable from it. Two containers
+never share a uid (which would share its process limit), whatever their hashes: a container's uid
+is claimed with an exclusive create of ``root/.uids/<uid>`` (holding its folder's name), the next
+free one after its hash's when that is taken, and kept as its folder's owner.
 
 The container folders live under ``root`` (0700, the router's alone: the sandbox reaches
 its folder only through the bind), each named by that hash. ``root/.newroot`` is the empty
@@ -74,6 +77,8 @@ __all__ = ["CodeInterpreter", "CodeResult", "SandboxLimits"]
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _UID_BASE, _UID_SPAN = 1 << 30, 1 << 30  # far above real users and common subuid ranges
+_UIDS = ".uids"  # under root: one claim file per sandbox uid in use (``claim_uid``)
+MAX_UID_PROBES = 1024  # uids tried after a container's own is taken (a run is refused past them)
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGES, MAX_IMAGE_BYTES, MAX_SCAN_ENTRIES = 8, 4 << 20, 20_000
 _NEWROOT = ".newroot"  # under the root, never a container id: where each run's tmpfs root is built
@@ -108,8 +113,53 @@ def _container_key(owner: str, container_id: str) -> str:
 
 
 def _sandbox_uid(key: str) -> int:
-    """A stable uid per container (its key), so its files stay its own across runs and router restarts."""
+    """A container's first choice of uid (its key's hash); ``claim_uid`` makes it its own."""
     return _UID_BASE + int(key[:8], 16) % _UID_SPAN
+
+
+def claim_uid(root: Path, folder: Path) -> int:
+    """The uid of the container whose folder is ``folder`` (named by its key): the folder's owner once
+    it has one, else the first uid from its hash's on that no other container holds, claimed by an
+    exclusive create of ``root/.uids/<uid>`` (atomic, across processes too). Stable across runs and
+    restarts, so its files stay its own. RuntimeError when none is free."""
+    key = folder.name
+    claims = root / _UIDS
+    claims.mkdir(mode=0o700, exist_ok=True)
+    try:
+        owner = folder.stat().st_uid
+    except FileNotFoundError:
+        owner = -1
+    if owner >= _UID_BASE:  # chowned by an earlier run: claimed then (or, a folder older than claims, now)
+        _claim(claims / str(owner), key)
+        return owner
+    start = _sandbox_uid(key) - _UID_BASE
+    for step in range(min(_UID_SPAN, MAX_UID_PROBES)):
+        uid = _UID_BASE + (start + step) % _UID_SPAN
+        claim = claims / str(uid)
+        if _claim(claim, key) or claim.read_text() == key:  # newly ours, or ours from a run stopped before its chown
+            return uid
+    raise RuntimeError(f"no free sandbox uid after {MAX_UID_PROBES} tries")
+
+
+def _claim(claim: Path, key: str) -> bool:
+    """Create ``claim`` holding ``key``; False when it exists already."""
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(key)
+    return True
+
+
+def release_uid(root: Path, uid: int, key: str) -> None:
+    """A closed container's uid is free again (only if the claim is its own)."""
+    claim = root / _UIDS / str(uid)
+    try:
+        if claim.read_text() == key:
+            claim.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _sandbox_python() -> tuple[str, list[str]] | None:
@@ -226,12 +276,15 @@ class CodeInterpreter:
     async def run(self, code: str, container_id: str, owner: str) -> CodeResult:
         """Run ``code`` in ``owner``'s container; files the program leaves in its folder persist for later runs."""
         folder = self.folder(container_id, owner)
-        uid = _sandbox_uid(folder.name) if self._drop else None
         if self.python is None:
             return CodeResult([], None, False, "sandbox refused: no Python the sandbox uid can execute")
         if self._seccomp is None:
             return CodeResult([], None, False, f"sandbox refused: no seccomp filter for {platform.machine()}")
         async with self._lock(folder.name):
+            try:
+                uid = await asyncio.to_thread(claim_uid, self.root, folder) if self._drop else None
+            except RuntimeError as exc:
+                return CodeResult([], None, False, f"sandbox refused: {exc}")
             before = await asyncio.to_thread(self._prepare, folder, uid)
             logs, exit_code, timed_out, error = await self._execute(code, folder, uid)
             if error is not None:
@@ -338,4 +391,13 @@ class CodeInterpreter:
         """Delete ``owner``'s container's folder (after any run in it ends); rmtree never follows links."""
         folder = self.folder(container_id, owner)
         async with self._lock(folder.name):
-            await asyncio.to_thread(shutil.rmtree, folder, True)
+            await asyncio.to_thread(self._remove, folder)
+
+    def _remove(self, folder: Path) -> None:
+        try:
+            uid = folder.stat().st_uid
+        except FileNotFoundError:
+            return
+        shutil.rmtree(folder, True)
+        if uid >= _UID_BASE:
+            release_uid(self.root, uid, folder.name)
