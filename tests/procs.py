@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,15 +128,22 @@ log_dir = "logs"
 def engine_pool_toml(name: str, engine: str, *, honor_service_tier: bool = False) -> str:
     """A managed chat pool of one sim worker speaking ``engine``'s wire (``vllm`` or ``sglang``), the
     pool's engine ``engine`` too, so the router talks to it as to that engine (its options' names)."""
+    return sim_engine_pool_toml(name, engine, model="sim-model", honor_service_tier=honor_service_tier)
+
+
+def sim_engine_pool_toml(name: str, engine: str, *, model: str, sim_args: Sequence[str] = (), settings: str = "",
+                         honor_service_tier: bool = False) -> str:
+    """A managed pool of one sim worker started with ``--engine engine`` and ``sim_args``, the pool's
+    engine ``engine`` too; ``settings``: more lines of the pool's table (its dialect, context length)."""
     first, last = free_range()
     command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-               "--engine", engine]
+               "--engine", engine, *sim_args]
     return f"""
 [[pools]]
 name = "{name}"
 engine = "{engine}"
-model = "sim-model"
-health_interval_s = 0.5
+model = "{model}"
+{settings}health_interval_s = 0.5
 honor_service_tier = {"true" if honor_service_tier else "false"}
 [pools.managed]
 replicas = 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import RouterProcess, free_range, start_router
+from tests.procs import RouterProcess, sim_engine_pool_toml, start_router
 from tests.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -23,28 +22,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
 
 def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = False, scale_out: bool = True,
                  honor_service_tier: bool = False) -> str:
-    first, last = free_range()
-    args = ["--engine", engine, "--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
+    args = ["--dialect", "harmony", "--harmony-vocab-dir", str(vocab), "--max-model-len", "8192"]
     if incremental:
         args.append("--incremental-streaming-output")
     if not scale_out:
         args.append("--no-scale-out")
-    command = [sys.executable, "-m", "backends.sim", "--host", "{host}", "--port", "{port}", "--model", "{model}", *args]
-    return f"""
-[[pools]]
-name = "{name}"
-engine = "{engine}"
-dialect = "harmony"
-model = "gpt-oss-sim"
-context_length = 8192
-health_interval_s = 0.5
-honor_service_tier = {"true" if honor_service_tier else "false"}
-[pools.managed]
-replicas = 1
-port_range = [{first}, {last}]
-command = {json.dumps(command)}
-log_dir = "logs"
-"""
+    return sim_engine_pool_toml(name, engine, model="gpt-oss-sim", sim_args=args, honor_service_tier=honor_service_tier,
+                                settings='dialect = "harmony"\ncontext_length = 8192\n')
 
 
 @pytest.fixture(scope="module")
