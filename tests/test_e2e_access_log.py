@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +54,22 @@ def access_lines(router: RouterProcess) -> list[dict[str, Any]]:
                 out.append(record)
         elif " INFO router.access: " in line:
             rest = line.partition(" INFO router.access: ")[2]
-            method, path, status, *pairs = rest.split(" ")
+            method, path, status, *pairs = (_unquote(token) for token in TOKEN.findall(rest))
             fields: dict[str, Any] = {"method": method, "path": path, "status": int(status)}
             fields.update(pair.split("=", 1) for pair in pairs)
             out.append(fields)
     return out
+
+
+# A text line's token: bare, or a name= whose value is quoted as a JSON string (anything not plain ASCII).
+TOKEN = re.compile(r'(?:[a-z_]+=)?"(?:[^"\\]|\\.)*"|\S+')
+
+
+def _unquote(token: str) -> str:
+    name, eq, value = token.partition("=") if not token.startswith('"') else ("", "", token)
+    if value.startswith('"'):
+        return name + eq + json.loads(value)
+    return token
 
 
 def line_for(router: RouterProcess, request_id: str) -> dict[str, Any]:
@@ -139,6 +151,46 @@ def test_a_websocket_response_create_has_its_own_line(router: RouterProcess) -> 
     assert line["key"] == "team-a" and line["model"] == "m" and line["pool"] == "sim"
 
 
+def test_no_request_can_write_a_line_of_its_own(router: RouterProcess) -> None:
+    """A newline, CR, ESC or NUL in the path (no key needed) or in the model name is escaped, not
+    written: every character a client sent comes back out of its one line, and nothing else."""
+    forged = "\n2026-01-01 00:00:00,000 INFO router.access: GET /admin 200 key=root"
+    for raw, sent in (("/v1/x%0aFORGED%0d%1b[2J%00%7f%c2%85%e2%80%a8", "/v1/x\nFORGED\r\x1b[2J\x00\x7f\x85\u2028"),
+                      ("/v1/%22quoted%22%20and%5cslash", '/v1/"quoted" and\\slash')):
+        with socket.create_connection(("127.0.0.1", router.port), timeout=30) as conn:
+            conn.sendall(f"GET {raw} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+            head = conn.makefile("rb").read().decode(errors="replace")
+        request_id = re.search(r"(?im)^x-request-id: (\S+)", head)[1]  # type: ignore[index]
+        line = line_for(router, request_id)
+        assert line["path"] == sent and int(line["status"]) == 404, line
+    http = httpx.Client(base_url=router.base_url, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+    resp = http.post("/v1/responses", json={"model": "m" + forged + "\x1b]0;owned\x07", "input": "hi"})
+    assert resp.status_code == 404
+    line = line_for(router, resp.headers["x-request-id"])
+    assert line["model"] == "m" + forged + "\x1b]0;owned\x07" and line["key"] == "team-a"
+    text = router.log()
+    assert not any(c in text for c in "\r\x1b\x00\x07\x7f\x85\u2028"), "a control character reached the log"
+    lines = text.splitlines()
+    assert sum("FORGED" in line for line in lines) == 1 and sum("key=root" in line for line in lines) == 1
+    assert not [line for line in lines if line.startswith("2026-01-01")]
+
+
+def test_a_line_is_bounded_whatever_the_request(router: RouterProcess) -> None:
+    """A 60 KB path (no key) or a 900 KB model name is cut to a bound on the line, with a marker
+    that says how much was cut."""
+    with socket.create_connection(("127.0.0.1", router.port), timeout=30) as conn:
+        conn.sendall(f"GET /v1/{'p' * 60_000} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+        head = conn.makefile("rb").read().decode(errors="replace")
+    path_line = line_for(router, re.search(r"(?im)^x-request-id: (\S+)", head)[1])  # type: ignore[index]
+    http = httpx.Client(base_url=router.base_url, headers={"authorization": f"Bearer {KEY}"}, timeout=60)
+    resp = http.post("/v1/responses", json={"model": "q" * 900_000, "input": "hi"})
+    assert resp.status_code == 404
+    model_line = line_for(router, resp.headers["x-request-id"])
+    assert path_line["path"].startswith("/v1/ppp") and path_line["path"].endswith(f"...[{60_004 - 1024} more]")
+    assert model_line["model"].startswith("qqq") and model_line["model"].endswith(f"...[{900_000 - 1024} more]")
+    assert max(len(line) for line in router.log().splitlines()) < 4096
+
+
 def test_every_line_is_in_the_chosen_format(router: RouterProcess) -> None:
     """json: every line the router writes is one object (uvicorn's own too); text: an access line
     is the method, path and status, then name=value pairs."""
@@ -148,7 +200,8 @@ def test_every_line_is_in_the_chosen_format(router: RouterProcess) -> None:
         assert {json.loads(line)["logger"] for line in lines} >= {"router", "router.access"}
         return
     access = [line for line in lines if " INFO router.access: " in line]
-    pattern = re.compile(r"^\S+ \S+ INFO router\.access: (GET|POST|WS) /\S* \d{3}( [a-z_]+=\S+)+$")
+    quoted = r'"(?:[^"\\\x00-\x1f]|\\.)*"'
+    pattern = re.compile(rf'^\S+ \S+ INFO router\.access: (GET|POST|WS) (/\S*|{quoted}) \d{{3}}( [a-z_]+=({quoted}|[^\s"]+))+$')
     assert access and all(pattern.match(line) for line in access), [line for line in access if not pattern.match(line)]
 
 

@@ -13,7 +13,9 @@ for a log pipeline (one object per line, the access fields as its keys).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +31,10 @@ log = logging.getLogger("router.access")
 # The record of the request being answered in this context (a request's task, and the tasks it starts).
 _current: ContextVar[Access | None] = ContextVar("router_access", default=None)
 _active = 0  # requests begun and not ended, in this process: the requests_in_flight gauge
+
+# A field a client chose (the path, the model name) is cut to this many characters on the line,
+# with a marker saying how many more there were: no request writes a line longer than a few KB.
+FIELD_MAX = 1024
 
 
 class Access:
@@ -74,13 +80,19 @@ class Access:
             if error is None and response.get("status") == "failed":  # a stream's 200 that ended failed
                 error = (response.get("error") or {}).get("code")
         return {
-            "request_id": self.request_id, "key": self.key, "method": self.method, "path": self.path,
-            "model": self.model, "arm": arm, "pool": pool, "worker": worker, "status": self.status, "error": error,
+            "request_id": self.request_id, "key": self.key, "method": self.method, "path": _cut(self.path),
+            "model": _cut(self.model), "arm": arm, "pool": pool, "worker": worker, "status": self.status, "error": error,
             "response_id": rid, "response_status": run.response.get("status") if run is not None else None,
             "input_tokens": tokens_in, "output_tokens": tokens_out,
             "ttfb_ms": round((self.first_byte - self.started) * 1000, 1) if self.first_byte is not None else None,
             "duration_ms": round((now - self.started) * 1000, 1),
         }
+
+
+def _cut(value: str | None) -> str | None:
+    if value is None or len(value) <= FIELD_MAX:
+        return value
+    return f"{value[:FIELD_MAX]}...[{len(value) - FIELD_MAX} more]"
 
 
 def begin(method: str, path: str, request_id: str) -> Access:
@@ -115,9 +127,40 @@ def end(access: Access) -> None:
 
 
 def _text(fields: dict[str, Any]) -> str:
-    parts = [f"{fields['method']} {fields['path']} {fields['status']}"]
-    parts += [f"{name}={value}" for name, value in fields.items() if value is not None and name not in ("method", "path", "status")]
+    parts = [f"{fields['method']} {_quote(fields['path'])} {fields['status']}"]
+    parts += [f"{name}={_quote(value) if isinstance(value, str) else value}" for name, value in fields.items()
+              if value is not None and name not in ("method", "path", "status")]
     return " ".join(parts)
+
+
+# A value written bare: printable ASCII with no space, quote or backslash. Anything else is written
+# as a JSON string with every non-ASCII character escaped, so that no client's byte (a newline, CR,
+# ESC, NUL, U+2028) can end the line or start a forged one, and the value reads back exactly.
+_BARE = re.compile(r"[!#-\[\]-~]+")
+
+
+def _quote(value: str) -> str:
+    if _BARE.fullmatch(value):
+        return value
+    return json.dumps(value).replace("\x7f", "\\u007f")
+
+
+# Characters that orjson writes raw and that end a line for some readers (Python's splitlines,
+# JavaScript), or a terminal acts on: escaped in every JSON line.
+_LINE_BREAKS = {"\x7f": "\\u007f", "\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message``, with the control characters of a message escaped (its
+    traceback, the router's own, keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        return line if line.isprintable() else "".join(c if c.isprintable() else _escape(c) for c in line)
+
+
+def _escape(char: str) -> str:
+    return json.dumps(char)[1:-1] if char != "\x7f" else "\\u007f"
 
 
 class JsonFormatter(logging.Formatter):
@@ -132,7 +175,11 @@ class JsonFormatter(logging.Formatter):
             line["message"] = record.getMessage()
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(line).decode()
+        out = orjson.dumps(line).decode()
+        if not out.isprintable():
+            for char, escaped in _LINE_BREAKS.items():
+                out = out.replace(char, escaped)
+        return out
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
@@ -145,7 +192,7 @@ def configure(level: str, log_format: str, *, access_log: bool = True) -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     log.setLevel(logging.NOTSET if access_log else logging.WARNING)
 
