@@ -191,6 +191,8 @@ async def _serve(config: Config, base_dir: Path, host: str, port: int) -> None:
                 access_log=False,  # the router writes its own (router/api/access.py)
                 log_config=None,  # uvicorn's lines go through the router's logging, in its format
                 proxy_headers=False,
+                timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # a float, as above
+                headers=[("keep-alive", f"timeout={int(config.server.keep_alive_s)}")],  # in every answer's head
                 # uvicorn annotates int, but the value is asyncio.wait_for's timeout: a float is what it takes
                 log_level=config.server.log_level, timeout_graceful_shutdown=grace_s + STOP_MARGIN_S,  # type: ignore[arg-type]
             )

@@ -57,7 +57,7 @@ from router.protocol.ids import request_id
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # How long the rest of a refused body is read, at most, before a ``Connection: close`` answer's
 # connection closes anyway (nginx's lingering_time is 30 s too). A pause of more than the
-# keep-alive timeout (5 s) in the client's sending ends it sooner.
+# keep-alive timeout (``[server] keep_alive_s``) in the client's sending ends it sooner.
 LINGER_S = 30.0
 # A connection refused past the cap gets its 503 at once and is closed this much later (its
 # request, arriving meanwhile, is read and dropped, so the close does not reset the answer away).

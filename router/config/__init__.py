@@ -69,6 +69,10 @@ class ServerConfig(Section):
     # byte after an idle keep-alive), its body within body_timeout_s of the head: else 408, closed.
     header_timeout_s: float = Field(10.0, gt=0, le=3600)
     body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    # An idle kept-alive connection is closed after this long, said in every answer's
+    # Keep-Alive: timeout=N. Longer than clients keep theirs (httpx and the openai SDK: 5 s), so
+    # a request sent on a reused connection never meets the router's close (nginx's default: 75).
+    keep_alive_s: float = Field(75.0, ge=1, le=3600)
     # Open connections at most; past it the one waiting longest for its client is closed.
     # Default: what the file-descriptor limit allows (half of it, the rest for worker calls).
     max_connections: int | None = Field(None, ge=1)
