@@ -16,6 +16,9 @@ Whose fault a failure is decides what counts towards a worker's circuit breaker 
 - 429/503: backpressure, another worker, no fault;
 - closed or reset before the answer was in, no first byte or no data in time: the worker's
   fault (crashing, overloaded, restarting), counted at once, retried;
+- a kept-alive connection closed with nothing back (WorkerIdleClosed): the worker may have closed
+  it as idle as the request went out, or crashed on it. A failed call, but no one's fault: it may
+  go to the same worker again (on a new connection);
 - another 5xx, or an answer over the pool's size limit, is ambiguous: the worker answered, and a
   request whose body crashes the engine gets a 5xx from every worker. It is tried once more
   elsewhere and counted only when another worker then serves the request; when a second worker
@@ -51,7 +54,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backends.errors import NoHealthyWorker, WorkerAnswerTooLarge, WorkerError, WorkerHTTPError, WorkerRequestFailed, WorkerStreamBroken, WorkerUnavailable
+from backends.errors import (
+    NoHealthyWorker,
+    WorkerAnswerTooLarge,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerIdleClosed,
+    WorkerRequestFailed,
+    WorkerStreamBroken,
+    WorkerUnavailable,
+)
 
 if TYPE_CHECKING:
     from backends.pools import Pool, Worker
@@ -66,6 +78,7 @@ PAUSE_S = (0.02, 0.1)  # before the next attempt, jittered, times the failed cal
 UNREACHABLE = "unreachable"  # nothing was sent: the worker is down
 BUSY = "busy"  # 429/503: backpressure
 WORKERS = "workers"  # the worker's fault: closed, reset or timed out before its answer was in
+IDLE = "idle"  # a kept-alive connection closed with nothing back: a failed call, no fault, same worker allowed
 AMBIGUOUS = "ambiguous"  # a 5xx or an oversized answer: the worker's or the request's, the next worker says
 REQUESTS = "requests"  # the request's fault (4xx): no retry
 
@@ -80,6 +93,8 @@ def classify(exc: WorkerError) -> str:
         return AMBIGUOUS if exc.status >= 500 else REQUESTS
     if isinstance(exc, WorkerAnswerTooLarge):
         return AMBIGUOUS
+    if isinstance(exc, WorkerIdleClosed):
+        return IDLE
     if isinstance(exc, WorkerStreamBroken):
         return WORKERS
     return REQUESTS
@@ -143,10 +158,11 @@ class WorkerCall:
                 result = await fn(worker.url + path, body)
             except WorkerError as exc:
                 self._failed()
-                tried = [*tried, worker]
                 kind = classify(exc)
                 if kind == REQUESTS:
                     raise
+                if kind != IDLE:
+                    tried = [*tried, worker]
                 if kind == UNREACHABLE:  # nothing sent; none left after it is "no healthy worker"
                     pool.mark_down(worker, str(exc))
                     continue
@@ -161,9 +177,11 @@ class WorkerCall:
                 elif kind == WORKERS:
                     pool.record_failure(worker, str(exc), ticket)
                     failed += 1
+                elif kind == IDLE:
+                    failed += 1
                 if failed >= RETRY_ATTEMPTS or time.monotonic() > deadline:
                     raise
-                if failed:
+                if failed and kind != IDLE:
                     await asyncio.sleep(random.uniform(*PAUSE_S) * failed)
                 continue
             except BaseException:  # cancelled, or a bug in fn: the worker is not left counted

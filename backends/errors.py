@@ -64,6 +64,12 @@ class WorkerStreamBroken(WorkerError):
     read timeout, bad frame)."""
 
 
+class WorkerIdleClosed(WorkerStreamBroken):
+    """A kept-alive connection closed after the request went out, with nothing back: the worker
+    may have closed it as idle while the request was on its way (nothing done), or crashed on
+    the request. A failed call that blames no one (backends/calls.py)."""
+
+
 class WorkerStreamError(WorkerStreamBroken):
     """The worker said so itself, after its 200: a ``data: {"error": ...}`` frame (vLLM, SGLang)."""
 

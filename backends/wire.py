@@ -11,9 +11,12 @@ aiohttp in backends/client.py.
 
 Failures are typed like the rest of backends/client.py: no connection is
 WorkerUnavailable; a connection lost or a read timeout after the request went
-out is WorkerStreamBroken. A kept-alive connection the worker closed while idle
-is the one exception: nothing came back on it, so the request goes once more
-on a fresh connection.
+out is WorkerStreamBroken. A kept-alive connection that closes with nothing back
+is WorkerIdleClosed: most likely the worker closed it as idle while the request
+was on its way, so the caller may send it again (backends/calls.py counts that
+call as failed, blaming no one); the worker's other idle connections are closed
+with it, so the next call opens a new one. Idle connections are kept only for
+IDLE_S, less than the worker's own keep-alive, so that race is rare.
 
 TLS: an ``https://`` worker is spoken to over asyncio's TLS transport (port 443 unless the URL
 says), with the pool's ``ssl.SSLContext`` (its CA bundle and client certificate) or, without one,
@@ -43,12 +46,15 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from backends.errors import WorkerAnswerTooLarge, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
+from backends.errors import WorkerAnswerTooLarge, WorkerIdleClosed, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
 
 # Header lines ("name: value\r\n" each) sent with every worker request made in this context.
 REQUEST_HEADERS: ContextVar[bytes] = ContextVar("worker_request_headers", default=b"")
 HIGH_WATER = 1 << 20  # body bytes buffered before the socket stops being read
 MAX_IDLE = 512  # idle connections kept per worker
+# An idle connection is reused this long after its last answer, no longer: less than the 5 s
+# for which uvicorn, and so vLLM and SGLang, keep an idle connection open.
+IDLE_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -343,10 +349,16 @@ class HostPool:
     async def acquire(self) -> tuple[Connection, bool]:
         """A connection and whether it was kept alive from an earlier request."""
         idle = self.idle
-        while idle:
-            conn = idle.pop()
-            if not conn.closed:
-                return conn, True
+        if idle:
+            now = self.loop.time()
+            while idle:
+                conn = idle.pop()
+                if conn.closed:
+                    continue
+                if now - conn.last_read < IDLE_S:
+                    return conn, True
+                conn.abort()
+                self.close_idle()  # kept last in, first out: the rest are older still
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(lambda: Connection(self), self.host, self.port, ssl=self.tls),
@@ -361,11 +373,14 @@ class HostPool:
         else:
             conn.abort()
 
-    def close(self) -> None:
-        self.closed = True
+    def close_idle(self) -> None:
         for conn in self.idle:
             conn.abort()
         self.idle.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.close_idle()
 
 
 def connect_failure(origin: str, exc: BaseException) -> str:
@@ -435,20 +450,20 @@ class Wire:
         ``whole`` once all of it is (one wake-up when a worker writes head and body apart)."""
         pool, head = self._target(url, sse)
         data = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, REQUEST_HEADERS.get(), len(body), body)
-        while True:
-            conn, reused = await pool.acquire()
-            conn.send(data, self.limits.first_byte_timeout_s if sse else None)
-            try:
-                await (conn.until_complete() if whole else conn.headers())
-            except WorkerStreamBroken:
-                conn.abort()
-                if reused and not conn.got_bytes and not conn.timed_out:
-                    continue  # the worker had closed this idle connection: nothing was done
-                raise
-            except BaseException:
-                conn.abort()
-                raise
-            return conn
+        conn, reused = await pool.acquire()
+        conn.send(data, self.limits.first_byte_timeout_s if sse else None)
+        try:
+            await (conn.until_complete() if whole else conn.headers())
+        except WorkerStreamBroken as exc:
+            conn.abort()
+            if reused and not conn.got_bytes and not conn.timed_out:
+                pool.close_idle()  # closed by the worker while idle, or it restarted: so may the rest be
+                raise WorkerIdleClosed(f"{exc} (a kept-alive connection, with nothing back)") from None
+            raise
+        except BaseException:
+            conn.abort()
+            raise
+        return conn
 
     def forget(self, origin: str) -> None:
         """Close the idle connections to ``origin`` (``http(s)://host:port``), and the busy ones as

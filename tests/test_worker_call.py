@@ -21,13 +21,14 @@ from aiohttp import web
 
 from backends import calls
 from backends.breaker import CIRCUIT_FAILURES
-from backends.calls import AMBIGUOUS, BUSY, REQUESTS, RETRY_ATTEMPTS, UNREACHABLE, WORKERS, classify
+from backends.calls import AMBIGUOUS, BUSY, IDLE, REQUESTS, RETRY_ATTEMPTS, UNREACHABLE, WORKERS, classify
 from backends.engines import ENGINES
 from backends.errors import (
     NoHealthyWorker,
     WorkerAnswerTooLarge,
     WorkerError,
     WorkerHTTPError,
+    WorkerIdleClosed,
     WorkerRequestFailed,
     WorkerStreamBroken,
     WorkerStreamError,
@@ -93,6 +94,7 @@ def short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     (WorkerHTTPError(502, {}), AMBIGUOUS),
     (WorkerAnswerTooLarge("big"), AMBIGUOUS),
     (WorkerStreamBroken("reset"), WORKERS),
+    (WorkerIdleClosed("kept-alive, nothing back"), IDLE),
     (WorkerTimedOut("no first byte"), WORKERS),
     (WorkerStreamError("engine said so"), WORKERS),
     (WorkerHTTPError(400, {}), REQUESTS),
@@ -224,6 +226,26 @@ def test_at_most_three_failed_calls_then_the_last_failure() -> None:
     with pytest.raises(WorkerStreamBroken):
         run(pool.call().send(send, "", None))
     assert len(send.calls) == RETRY_ATTEMPTS == 3 and counted(pool) == [0] * 5
+
+
+def test_a_kept_alive_connection_closed_with_nothing_back_is_a_failed_call_blaming_no_one() -> None:
+    """The worker may have closed it as idle as the request went out: the same worker may serve
+    the next attempt (a pool of one serves), but the attempt counts towards the three."""
+    pool = pool_of(1)
+    outcomes = [WorkerIdleClosed("idle"), "ok"]
+
+    async def send(url: str, body: Any) -> Any:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    assert run(pool.call().send(send, "", None)) == "ok"
+    assert pool.workers[0].breaker.failures == 0 and counted(pool) == [0]
+    endless = Script(pool_of(5), {}, default=WorkerIdleClosed("idle"))
+    with pytest.raises(WorkerIdleClosed):
+        run(endless.pool.call().send(endless, "", None))
+    assert len(endless.calls) == RETRY_ATTEMPTS and [w.breaker.failures for w in endless.pool.workers] == [0] * 5
 
 
 def test_unreachable_workers_are_not_failed_calls() -> None:

@@ -10,6 +10,8 @@ starts with ``bad:``, says how to misbehave:
   the same without a length.
 - ``bad:huge_frame N``: a stream frame of N bytes that never ends.
 - ``bad:silent``: a stream's head, then nothing; ``bad:no_head``: nothing at all.
+- ``bad:reset``: the request is read, then the connection is reset with nothing sent (an engine
+  that crashes on it); ``GET /resets`` says how many such requests came.
 
 Anything else gets a small ordinary answer, so the pool is healthy and serves.
 """
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import sys
 
 PIECE = 64 * 1024
+resets = 0  # bad:reset requests read
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] | None:
@@ -60,6 +65,8 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
                 return
             if path == "/health":
                 writer.write(_answer(200, b"{}"))
+            elif path == "/resets":
+                writer.write(_answer(200, json.dumps({"resets": resets}).encode()))
             elif path == "/v1/models":
                 writer.write(_answer(200, json.dumps({"object": "list", "data": [
                     {"id": model, "object": "model", "max_model_len": 4096}]}).encode()))
@@ -80,6 +87,13 @@ async def _chat(request: dict[str, object], writer: asyncio.StreamWriter, model:
     text = last if isinstance(last, str) else "".join(p.get("text", "") for p in last)
     kind, _, arg = text[4:].partition(" ") if text.startswith("bad:") else ("", "", "")
     stream = bool(request.get("stream"))
+    if kind == "reset":
+        global resets
+        resets += 1
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() resets
+        writer.transport.abort()
+        return False
     if kind == "answer":
         writer.write(_answer(200, arg.encode()))
         return True
