@@ -49,7 +49,8 @@ from backends.sim_script import SimError, compact_json, error_body, int_marker, 
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang SamplingParams default
 VLLM_COMPLETIONS_MAX_TOKENS = 16  # vLLM CompletionRequest default
 _SSE = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-_TYPE_RE = re.compile(r"^type ([\w-]+) = \((_: \{)?(\) => any;)?$")
+# `type NAME = (_: {`, `type NAME = (_: // the schema's description` (its `{` on a later line) or `type NAME = () => any;`
+_TYPE_RE = re.compile(r"^type ([\w-]+) = \((?:_: (\{|//.*)|(\) => any;))$")
 _PROP_RE = re.compile(r"^([\w-]+)(\?)?: (.+?),?(?:\s*//.*)?$")
 _TS = {"string": "sim", "number": 1, "integer": 1, "boolean": True, "null": None}
 
@@ -93,23 +94,37 @@ def read_prompt(enc, ids: list[int]) -> PromptInfo:
 
 def function_args(developer: str) -> dict[str, dict]:
     """`type NAME = (_: {...}) => any;` blocks (openai-harmony's TypeScript for the
-    `functions` namespace) -> arguments with the required top-level fields."""
+    `functions` namespace) -> arguments with the required top-level fields. A described schema
+    has `(_: // description` (more lines bare), then `{` alone; a described object field (or
+    array items) `name:     // description`, then `{`; a block closing with `}[]` is an array."""
     out: dict[str, dict] = {}
-    args: dict[str, Any]
-    name, depth, args = None, 0, {}
+    args: dict[str, Any] = {}
+    state, depth, block = "between", 0, None  # "open": before a described block's `{`; block: a field valued by a block
     for s in (line.strip() for line in developer.splitlines()):
-        if name is None:
-            if (m := _TYPE_RE.match(s)) and (m.group(2) or m.group(3)):
-                name, depth, args = None if m.group(3) else m.group(1), 0, {}
-                out[m.group(1)] = args
+        if state == "between":
+            if m := _TYPE_RE.match(s):
+                out[m.group(1)] = args = {}
+                state = "between" if m.group(3) else "body" if m.group(2) == "{" else "open"
+                depth, block = 0, None
+        elif state == "open":
+            state = "body" if s == "{" else "open"
         elif depth == 0 and s.startswith("}) => any;"):
-            name = None
+            state = "between"
         else:
+            code = "" if s.startswith("//") else s.split(" //", 1)[0]
+            opened = code.count("{") - code.count("}")
             if depth == 0 and (m := _PROP_RE.match(s)) and not m.group(2):
                 kind = m.group(3).split(" | ")[0].strip()
-                args[m.group(1)] = orjson.loads(kind) if kind.startswith('"') else [] \
-                    if kind.endswith("[]") else _TS.get(kind, {} if kind[:1] == "{" else "sim")
-            depth += s.count("{") - s.count("}")
+                if opened > 0 or not kind:
+                    args[m.group(1)], block = {}, m.group(1)  # an object, or `{...}[]` once it closes
+                else:
+                    args[m.group(1)] = orjson.loads(kind) if kind.startswith('"') else [] \
+                        if kind.endswith("[]") else _TS.get(kind, {} if kind[:1] == "{" else "sim")
+            depth += opened
+            if depth == 0 and block is not None and code.startswith("}"):
+                if code.startswith("}[]"):
+                    args[block] = []
+                block = None
     return out
 
 

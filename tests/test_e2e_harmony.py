@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.procs import RouterProcess, sim_engine_pool_toml, start_router
 from tests.streamrules import check_stream
@@ -107,6 +108,26 @@ def test_two_calls_in_one_turn(oss: openai.OpenAI) -> None:
     time_tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
     response = oss.responses.create(model="oss-vllm", input="both [sim:call=get_weather,get_time]", tools=[WEATHER, time_tool])
     assert [i.name for i in response.output if i.type == "function_call"] == ["get_weather", "get_time"]
+
+
+class Forecast(BaseModel):
+    """A city's forecast for some days."""
+
+    city: str = Field(description="the city")
+    days: int
+
+
+@pytest.mark.parametrize("model", ["oss-vllm", "oss-sglang"])
+def test_a_tool_whose_parameters_have_a_description_is_called(oss: openai.OpenAI, model: str) -> None:
+    """A pydantic schema (the Agents SDK's function tools) has a top-level description: harmony then
+    renders the tool's argument block differently; the sim still finds the tool and fills its fields."""
+    tool = {"type": "function", "name": "forecast", "description": "Forecast for a city",
+            "parameters": Forecast.model_json_schema()}
+    assert "description" in tool["parameters"]
+    for text in ("weather? [sim:call=forecast]", "what is the forecast for Oslo?"):
+        response = oss.responses.create(model=model, input=text, tools=[tool, WEATHER])
+        calls = [i for i in response.output if i.type == "function_call"]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("forecast", {"city": "sim", "days": 1})], text
 
 
 def test_multi_turn_and_moving_between_engines(oss: openai.OpenAI) -> None:
