@@ -69,6 +69,19 @@ def test_input_image_urls_are_listed_only_when_included() -> None:
     assert LOOK["content"][1]["image_url"].startswith("data:")
 
 
+def test_a_listing_error_stored_as_an_object_is_shown_as_a_string() -> None:
+    """The SDK types ``mcp_list_tools.error`` as a string; earlier versions stored an object there."""
+    old = {"id": "mcpl_1", "type": "mcp_list_tools", "server_label": "calc", "tools": [],
+           "error": {"type": "http_error", "code": 502, "message": "could not list tools: refused"}}
+    before = copy.deepcopy(old)
+    assert item_view(old, ())["error"] == "could not list tools: refused" and old == before
+    assert response_view({"output": [old, MESSAGE]}, ())["output"] == [{**old, "error": "could not list tools: refused"}, MESSAGE]
+    assert item_view({**old, "error": {"type": "http_error"}}, ())["error"] == "{'type': 'http_error'}"
+    for error in ("could not list tools: refused", None):
+        item = {**old, "error": error}
+        assert item_view(item, ()) is item
+
+
 def test_include_values_are_checked() -> None:
     assert check_include(None) == frozenset()
     assert check_include(["web_search_call.results", "message.input_image.image_url"], "include") == {

@@ -107,13 +107,24 @@ SOURCES = frozenset({"web_search_call.action.sources", "web_search_call.results"
 IMAGE_URLS = "message.input_image.image_url"
 
 
-# The item types ``include`` can hide parts of: any other item is shown whole, without a call.
-VIEWED = frozenset({"code_interpreter_call", "web_search_call"})
+# The item types ``include`` can hide parts of, and mcp_list_tools (an ``error`` stored as an object
+# is shown as the string the API types it): any other item is shown whole, without a call.
+VIEWED = frozenset({"code_interpreter_call", "web_search_call", "mcp_list_tools"})
+
+
+def listing_error(error: Any) -> str | None:
+    """An ``mcp_list_tools.error`` as the API types it, a string. Earlier versions of this router
+    stored an object there (``{"type": "http_error", "code": 502, "message": ...}``): its message."""
+    if error is None or isinstance(error, str):
+        return error
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message else str(error)
 
 
 def item_view(item: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
     """An output item as a client sees it: a code_interpreter_call's ``outputs`` null and a
-    search's ``action.sources`` left out unless ``include`` names them. ``item`` itself when
+    search's ``action.sources`` left out unless ``include`` names them, an mcp_list_tools ``error``
+    a string (``listing_error``). ``item`` itself when
     nothing is left out; else a copy (``item`` is never changed)."""
     kind = item.get("type")
     if kind == "code_interpreter_call":
@@ -123,6 +134,10 @@ def item_view(item: dict[str, Any], include: Collection[str]) -> dict[str, Any]:
         action = item.get("action")
         if isinstance(action, dict) and "sources" in action and SOURCES.isdisjoint(include):
             return {**item, "action": {key: value for key, value in action.items() if key != "sources"}}
+    elif kind == "mcp_list_tools":
+        error = item.get("error")
+        if error is not None and not isinstance(error, str):
+            return {**item, "error": listing_error(error)}
     return item
 
 

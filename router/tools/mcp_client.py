@@ -5,7 +5,7 @@ under one deadline. Every HTTP request, redirect hops included, passes the URL
 allowlist, and every connection the NetGuard (public addresses, plus the networks
 the operator permits; a server named in config is trusted on its own origin,
 since the operator chose it, not a request). Failures come back in the Responses API's shapes: ``mcp_call.error``
-objects for a call, ``MCPClientError.error`` for a listing.
+objects for a call; a listing raises MCPClientError (``mcp_list_tools.error`` is its text).
 """
 
 from __future__ import annotations

@@ -100,12 +100,13 @@ class RouterTools:
         transport: Literal["streamable_http", "sse"] = "sse" if url.rstrip("/").endswith("/sse") else "streamable_http"
         return MCPServer(label, url, transport, headers)
 
-    async def list_mcp(self, server: MCPServer) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    async def list_mcp(self, server: MCPServer) -> tuple[list[dict[str, Any]], str | None]:
+        """The server's tools, and the ``mcp_list_tools.error`` text (a string, as the API types it) when listing failed."""
         try:
             return await list_tools(server, self.allowlist, timeout_s=self.mcp_timeout_s, guard=self.guard), None
         except Exception as exc:  # noqa: BLE001 - a server that fails to list is reported in the item
             log.warning("mcp %s: listing failed: %s", server.label, exc)
-            return [], {"type": "http_error", "code": 502, "message": f"could not list tools: {exc}"}
+            return [], f"could not list tools: {exc}"
 
     async def run(self, kind: str, name: str, arguments: dict[str, Any], *, server: MCPServer | None = None,
                   container: str | None = None, browser: Browsing | None = None, owner: str | None = None) -> CallOutcome:

@@ -26,11 +26,12 @@ class Prelude:
     tools: RouterTools
     servers: dict[str, MCPServer]  # by server label
     approvals: list[tuple[Item, bool]] = field(default_factory=list)  # (the request item, approved?)
-    _listings: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]] = field(default_factory=list)
+    _listings: list[tuple[str, list[dict[str, Any]], str | None]] = field(default_factory=list)
     _ran: list[tuple[Item, CallOutcome]] = field(default_factory=list)
 
     async def run(self, toolset: ToolSet, prompt: list[Item]) -> list[Item]:
         """List what is not listed yet, run approved calls; returns the prompt with their results."""
+        # A failed listing (its error a string, or an object as stored by earlier versions) is listed again.
         known = {item["server_label"]: item for item in prompt
                  if item["type"] == "mcp_list_tools" and not item.get("error")}
         for label, server in self.servers.items():

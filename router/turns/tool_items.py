@@ -165,7 +165,9 @@ class ListToolsItem(OpenItem):
         events.append(self.sink.event({"type": "response.mcp_list_tools.in_progress", "item_id": self.item["id"],
                                        "output_index": self.index}))
 
-    def finish(self, events: list[Event], tools: list[dict[str, Any]], error: dict[str, Any] | None) -> None:
+    def finish(self, events: list[Event], tools: list[dict[str, Any]], error: str | None) -> None:
+        """``error``: why listing failed, a string (the API's type for ``mcp_list_tools.error``; an
+        ``mcp_call.error`` is an object)."""
         self.item["tools"] = tools
         if error is not None:
             self.item["error"] = error
@@ -175,4 +177,4 @@ class ListToolsItem(OpenItem):
                                        "item": copy_item(self.item, self.sink.include)}))
 
     def close(self, events: list[Event], status: str) -> None:
-        self.finish(events, [], {"type": "http_error", "code": 499, "message": "listing did not finish"})
+        self.finish(events, [], "listing did not finish")
