@@ -1,7 +1,8 @@
 """``/v1/responses/compact`` and ``/v1/responses/input_tokens``.
 
 Compaction: the model's pool summarizes the conversation (history and input,
-as ``prepare`` builds it for a create) in one non-streamed call, and the
+as ``prepare`` builds it for a create) in one non-streamed call of at most
+``SUMMARY_MAX_OUTPUT_TOKENS`` (router/turns/compaction.py: a model that never stops gives a summary cut there), and the
 client gets back its user messages verbatim and a ``compaction``
 item whose ``encrypted_content`` is the summary sealed by the router
 (purpose ``compaction``, with the model and the owner inside). Sent back as

@@ -33,13 +33,18 @@ SUMMARY_PROMPT = (
     "goals and constraints, what was decided, facts and results established (tool results included), open "
     "questions, and where the work stands. Be concise and specific. Write only the summary."
 )
+# The summary's own output cap: a model that never stops gives a summary cut here (what the
+# client's next turn reads), not a call that runs into the pool's read timeout.
+SUMMARY_MAX_OUTPUT_TOKENS = 2048
 TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root; a worker without it is marked in ``Worker.lacks``
 LACKING = (404, 405, 501)  # a worker's answers that say it has no such endpoint (all made a 404)
 
 
 async def summarize(route: ModelRoute, req: CreateResponse, items: list[Item], rid: str, *,
                     preferred: str | None = None, prefix_key: str | None = None) -> tuple[str, dict[str, Any]]:
-    """One non-streamed model call over the conversation and the summarization prompt."""
+    """One non-streamed model call over the conversation and the summarization prompt, of at most
+    SUMMARY_MAX_OUTPUT_TOKENS (whatever the create's own cap for its answer)."""
+    req = req.model_copy(update={"max_output_tokens": SUMMARY_MAX_OUTPUT_TOKENS})
     ask = {"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
            "content": [{"type": "input_text", "text": SUMMARY_PROMPT}]}
     turn = route.turn(req, build_toolset([], "none"), rid)
