@@ -121,6 +121,8 @@ class Leases:
                     await asyncio.sleep(self.lease_s / 3)
         except ResponseDeleted:
             log.info("response %s was deleted before its end could be stored", rid)
+        except Exception:  # its lease is released: the sweep stores it failed as abandoned
+            log.exception("response %s: its end could not be stored", rid)
         finally:
             self.release(rid)
 
