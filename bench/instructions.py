@@ -1,6 +1,7 @@
 """Instructions per request and per streamed token, counted by callgrind: the repeatable reading.
 
     .venv/bin/python bench/instructions.py [--baseline REV] [--requests 50] [--streams 10] [--harmony]
+                                           [--write-reference "why"]
 
 Seconds on this machine move by 30-50% from one hour to the next (a shared
 VM: the same code and load read 30 or 47 us per token). Instruction counts
@@ -19,12 +20,20 @@ the router of that git revision is counted too and the table prints ratios.
 With ``--harmony`` the pool is a harmony (gpt-oss) one, on a sim speaking vLLM's
 generate API with real harmony tokens (a streamed answer also holds a few
 reasoning tokens); there is no relay row then.
+
+Three counts are read: a create (store: true, 16 tokens), a chat-completions passthrough
+request (16 tokens), and a streamed token. Every run prints each against the committed
+reference, ``bench/instructions.json`` (the counts at a named revision): run it before
+resolving anything that touches the hot path, and keep each ratio within 1.05x.
+``--write-reference "why"`` records this run's counts as the new reference; commit that only
+in a commit that says why (a saving won, or a cost accepted for a feature).
 Nothing is written to bench/RESULTS.md (paste the table there when it matters).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +50,8 @@ from bench.scenarios import chat_body, responses_body  # noqa: E402
 
 STREAM_TOKENS = 200
 STREAM_ITL_MS = 5
+REFERENCE = ROOT / "bench" / "instructions.json"
+COUNTS = ("create", "passthrough", "stream")  # per create, per passthrough request, per streamed token
 
 
 def callgrind(argv: list[str], cwd: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -92,12 +103,16 @@ def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_st
     try:
         wait_up(url, proc, log)
         create = count(proc, out, url, "/v1/responses", [responses_body(16).encode()] * n_requests, warmup=20)
+        passthrough = 0
+        if harmony_vocab is None:  # a harmony pool has no chat passthrough
+            passthrough = count(proc, out, url, "/v1/chat/completions", [chat_body(16).encode()] * n_requests, warmup=20)
         stream = responses_body(STREAM_TOKENS, stream=True, itl_ms=STREAM_ITL_MS).encode()
         streamed = count(proc, out, url, "/v1/responses", [stream] * n_streams, warmup=3)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    return {"create": create / n_requests, "stream": streamed / (n_streams * STREAM_TOKENS)}
+    return {"create": create / n_requests, "passthrough": passthrough / n_requests,
+            "stream": streamed / (n_streams * STREAM_TOKENS)}
 
 
 def measure_relay(sim: procs.Proc, work: Path, n_streams: int) -> float:
@@ -123,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=10, help=f"streams of {STREAM_TOKENS} tokens counted")
     p.add_argument("--harmony", action="store_true",
                    help="a harmony (gpt-oss) pool on a sim speaking vLLM's generate API; no relay row")
+    p.add_argument("--write-reference", metavar="WHY",
+                   help="record this run's counts in bench/instructions.json (commit it saying why)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="responses-router-instructions-"))
     vocab = None
@@ -138,21 +155,55 @@ def main(argv: list[str] | None = None) -> int:
         relay = None if vocab else measure_relay(sim, work, args.streams)
     finally:
         sim.stop()
-    pool = "harmony pool" if vocab else "chat pool"
-    print(f"| router ({pool}) | instructions / create (store: true) | instructions / streamed token | token vs relay |")
-    print("|---|---:|---:|---:|")
-    for name, r in rows.items():
-        ratio = f"{r['stream'] / relay:.2f}x" if relay else ""
-        print(f"| {name} | {r['create']:,.0f} | {r['stream']:,.0f} | {ratio} |")
-    if relay:
-        print(f"| byte relay (bench/relay.py, the floor) | | {relay:,.0f} | 1.00x |")
+    kind = "harmony" if vocab else "chat"
+    print(table(rows, relay, kind))
     if args.baseline:
         new, old = rows["working tree"], rows[f"baseline {args.baseline}"]
-        print(f"\nworking tree / baseline: create {new['create'] / old['create']:.3f}x, "
-              f"streamed token {new['stream'] / old['stream']:.3f}x")
+        print(f"\nworking tree / baseline: {ratios(new, old)}")
+    reference = read_reference(REFERENCE).get(kind)
+    if reference:
+        print(f"\nworking tree / reference ({reference['revision']}, bench/instructions.json): "
+              f"{ratios(rows['working tree'], reference)}")
     print(f"\n({args.requests} requests and {args.streams} streams of {STREAM_TOKENS} tokens at {STREAM_ITL_MS} ms/token, "
           f"one at a time, after a warm-up; work folder {work})")
+    if args.write_reference:
+        write_reference(REFERENCE, kind, rows["working tree"], args.write_reference)
+        print(f"wrote the {kind} reference to {REFERENCE}")
     return 0
+
+
+def table(rows: dict[str, dict[str, float]], relay: float | None, kind: str) -> str:
+    lines = [f"| router ({kind} pool) | instructions / create (store: true) | / passthrough request | / streamed token "
+             "| token vs relay |", "|---|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        ratio = f"{r['stream'] / relay:.2f}x" if relay else ""
+        passthrough = f"{r['passthrough']:,.0f}" if r.get("passthrough") else ""
+        lines.append(f"| {name} | {r['create']:,.0f} | {passthrough} | {r['stream']:,.0f} | {ratio} |")
+    if relay:
+        lines.append(f"| byte relay (bench/relay.py, the floor) | | | {relay:,.0f} | 1.00x |")
+    return "\n".join(lines)
+
+
+def ratios(new: dict[str, float], old: dict[str, float]) -> str:
+    """``create 1.012x, passthrough 0.990x, streamed token 1.003x``: each count both sides have."""
+    names = {"create": "create", "passthrough": "passthrough", "stream": "streamed token"}
+    return ", ".join(f"{names[k]} {new[k] / old[k]:.3f}x" for k in COUNTS if new.get(k) and old.get(k))
+
+
+def read_reference(path: Path) -> dict[str, dict[str, object]]:
+    """The committed reference: for each pool kind, the counts, the revision and why it was set."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_reference(path: Path, kind: str, counts: dict[str, float], why: str) -> None:
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    reference = read_reference(path)
+    reference[kind] = {"revision": revision + ("+changes" if dirty else ""), "why": why,
+                       **{k: round(counts[k]) for k in COUNTS if counts.get(k)}}
+    path.write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
