@@ -3,8 +3,8 @@ first byte, release the worker.
 
 Every call the router makes to a worker for a client goes through ``WorkerCall`` (``Pool.call``):
 a Responses turn (router/turns/upstream.py), the passthrough (router/api/passthrough.py) and the
-token count (router/turns/compaction.py). It is the only place that changes ``Worker.in_flight``
-and takes or returns a breaker ticket. What differs between callers is passed in: how to send
+token count (router/turns/compaction.py). It is the only place that counts a call to a worker
+(``Worker.take`` and ``Worker.end``: in flight, and a breaker ticket). What differs between callers is passed in: how to send
 (``send(fn, path, body)`` awaits ``fn(worker.url + path, body)``: a WorkerClient method),
 whether an answer's error status is relayed as it came (``relayed``: the passthrough's 5xx
 counts neither for nor against the worker), and whether the worker stays counted after the
@@ -52,7 +52,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from backends.errors import (
     NoHealthyWorker,
@@ -64,9 +64,7 @@ from backends.errors import (
     WorkerStreamBroken,
     WorkerUnavailable,
 )
-
-if TYPE_CHECKING:
-    from backends.pools import Pool, Worker
+from backends.worker import Worker
 
 T = TypeVar("T")
 
@@ -100,6 +98,19 @@ def classify(exc: WorkerError) -> str:
     return REQUESTS
 
 
+class Workers(Protocol):
+    """What a call needs of its pool (backends/pools.py ``Pool``): a pick, and where each outcome goes."""
+
+    def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None,
+             prefix_key: str | None = None) -> Worker: ...
+
+    def mark_down(self, worker: Worker, reason: str) -> None: ...
+
+    def record_success(self, worker: Worker, ticket: int) -> None: ...
+
+    def record_failure(self, worker: Worker, reason: str, ticket: int) -> None: ...
+
+
 class WorkerCall:
     """A caller's calls to one pool's workers (one request's: its retries, a turn's truncations
     and tool-loop turns), and the worker it holds.
@@ -111,7 +122,7 @@ class WorkerCall:
 
     __slots__ = ("pool", "preferred", "prefix_key", "exclude", "relayed", "worker", "ticket", "last")
 
-    def __init__(self, pool: Pool, *, preferred: str | None = None, prefix_key: str | None = None,
+    def __init__(self, pool: Workers, *, preferred: str | None = None, prefix_key: str | None = None,
                  exclude: Sequence[Worker] = (), relayed: bool = False) -> None:
         self.pool = pool
         self.preferred = preferred
@@ -151,9 +162,8 @@ class WorkerCall:
             now = time.monotonic()
             if not deadline:
                 deadline = now + RETRY_DEADLINE_S
-            worker.in_flight += 1
+            self.ticket = ticket = worker.take(now)
             self.worker = self.last = worker
-            self.ticket = ticket = worker.breaker.admit(now)
             try:
                 result = await fn(worker.url + path, body)
             except WorkerError as exc:
@@ -192,11 +202,9 @@ class WorkerCall:
                 if suspects:
                     for suspect, its_ticket, why in suspects:
                         pool.record_failure(suspect, f"{why} (another worker served the request)", its_ticket)
-            if not hold:  # ``release``, inline
+            if not hold:
                 self.worker = None
-                worker.in_flight -= 1
-                worker.served += 1
-                worker.breaker.done(ticket)
+                worker.end(ticket, served=True)
             return result
 
     def broke(self, reason: str = "stream broke off") -> None:
@@ -212,17 +220,14 @@ class WorkerCall:
         worker = self.worker
         if worker is not None:
             self.worker = None
-            worker.in_flight -= 1
-            worker.served += 1
-            worker.breaker.done(self.ticket)
+            worker.end(self.ticket, served=True)
 
     def _failed(self) -> None:
         """The attempt failed: as ``release``, but the worker served nothing."""
         worker = self.worker
         if worker is not None:
             self.worker = None
-            worker.in_flight -= 1
-            worker.breaker.done(self.ticket)
+            worker.end(self.ticket, served=False)
 
 
 def _what(exc: WorkerError) -> str:

@@ -19,64 +19,19 @@ from typing import Any
 
 import orjson
 
-from backends.breaker import CIRCUIT_FAILURES, Breaker
+from backends.breaker import CIRCUIT_FAILURES
 from backends.calls import WorkerCall
 from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from backends.errors import NoHealthyWorker
+from backends.worker import Worker
 from policies.balance import Balancer
 
-__all__ = ["NoHealthyWorker", "Pool", "Worker"]
+__all__ = ["NoHealthyWorker", "Pool"]
 
 log = logging.getLogger("router.pools")
 
 
-@dataclass(eq=False, slots=True)
-class Worker:
-    url: str
-    in_flight: int = 0
-    healthy: bool = False
-    last_error: str | None = None
-    served: int = 0
-    health_failures: int = 0  # consecutive failed health checks
-    waiting: float = 0.0  # requests queued inside the engine, when its metrics are scraped
-    kv_usage: float = 0.0  # the engine's KV cache usage, 0..1, when its metrics are scraped
-    process: Any = None  # the launcher's ManagedWorker, for managed pools
-    breaker: Breaker = field(default_factory=Breaker)  # failed calls through the worker's fault
-    # Paths it answered 404/405/501 (an endpoint its engine build lacks, e.g. vLLM's /tokenize); forgotten
-    # when it comes back after being seen down (it may have been upgraded).
-    lacks: set[str] = field(default_factory=set)
-
-    @property
-    def circuit(self) -> str:
-        """closed, open (no calls) or half_open (one trial call)."""
-        return self.breaker.state(time.monotonic())
-
-    @property
-    def load(self) -> float:
-        """What balancing compares: our in-flight requests plus the engine's own queue, plus
-        less than one request's worth for a full KV cache, so between equally busy workers
-        the one with room wins (a full cache evicts prefixes and may preempt)."""
-        return self.in_flight + self.waiting + KV_LOAD_WEIGHT * self.kv_usage
-
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "url": self.url,
-            "healthy": self.healthy,
-            "in_flight": self.in_flight,
-            "served": self.served,
-            "last_error": self.last_error,
-            "circuit": self.circuit,
-            "waiting": self.waiting,
-            "kv_usage": round(self.kv_usage, 4),
-        }
-        if self.process is not None:
-            out["process"] = self.process.describe()
-        return out
-
-
-# What a completely full KV cache adds to a worker's load, in requests: under 1, a tie-breaker.
-KV_LOAD_WEIGHT = 0.5
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_MARK_DOWN = 3
 

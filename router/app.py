@@ -22,7 +22,8 @@ from starlette.applications import Starlette
 from backends.client import TLSError, WireLimits, WorkerClient, tls_context
 from backends.engines import LaunchOptions
 from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports, start_workers
-from backends.pools import Pool, Worker
+from backends.pools import Pool
+from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
 from router import telemetry

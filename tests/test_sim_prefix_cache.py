@@ -15,7 +15,6 @@ import openai
 import pytest
 
 from backends.engines import kv_cache_usage, waiting_requests
-from backends.pools import KV_LOAD_WEIGHT, Worker
 from backends.sim import SimConfig, SimWorker, Stats, render_metrics
 from backends.sim_cache import (
     Prefill,
@@ -26,6 +25,7 @@ from backends.sim_cache import (
     reply_ids,
 )
 from backends.sim_script import count_prompt_tokens
+from backends.worker import KV_LOAD_WEIGHT, Worker
 from policies.balance import LeastLoad
 from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.sim_proc import Sim

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.routing import Route
 
-from backends.pools import Pool, Worker
+from backends.pools import Pool
+from backends.worker import Worker
 from router.api.http import Body, json_response, read_body
 from router.protocol.errors import APIError, InvalidRequest, NotFound, Unauthorized
 from router.turns.routing import ModelTarget

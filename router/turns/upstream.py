@@ -19,7 +19,8 @@ from typing import Any
 from backends.client import SSEStream, WorkerError, WorkerHTTPError
 from backends.engines import is_context_overflow, output_room
 from backends.errors import NoHealthyWorker, WorkerRequestFailed
-from backends.pools import Pool, Worker
+from backends.pools import Pool
+from backends.worker import Worker
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
 from router.protocol.items import Item
