@@ -307,7 +307,7 @@ class SSEStream:
                 conn.sink = None
                 conn.pause()
             if failure is not None or held or self._done or self._error is not None:
-                conn._wake()
+                conn.wake()
 
         try:
             if conn.chunks:  # bytes that came with the headers

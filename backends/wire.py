@@ -149,7 +149,7 @@ class Connection(asyncio.Protocol):
         if self.length > limit:
             self._fail(WorkerAnswerTooLarge(f"the answer's {self.length} bytes pass max_answer_bytes ({limit})"))
             self.abort()
-        self._wake()
+        self.wake()
 
     def on_body(self, body: bytes) -> None:
         self.got_body = True
@@ -159,7 +159,7 @@ class Connection(asyncio.Protocol):
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused:
             self.pause()
-        self._wake()
+        self.wake()
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -168,7 +168,7 @@ class Connection(asyncio.Protocol):
             self.draining = False
             self.chunks = []
             self.finish(self.gen)
-        self._wake()
+        self.wake()
 
     # ---------------------------------------------------------------- request side
 
@@ -213,9 +213,10 @@ class Connection(asyncio.Protocol):
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
             self.error = exc
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake the task waiting in ``wait`` (a push consumer whose sink stopped reading wakes it too)."""
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
