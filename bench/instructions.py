@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-reference", metavar="WHY",
                    help="record this run's counts in bench/instructions.json (commit it saying why)")
     args = p.parse_args(argv)
+    measured = revision()  # before the router loads the tree
     work = Path(tempfile.mkdtemp(prefix="responses-router-instructions-"))
     vocab = None
     if args.harmony:
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n({args.requests} requests and {args.streams} streams of {STREAM_TOKENS} tokens at {STREAM_ITL_MS} ms/token, "
           f"one at a time, after a warm-up; work folder {work})")
     if args.write_reference:
-        write_reference(REFERENCE, kind, rows["working tree"], args.write_reference)
+        write_reference(REFERENCE, kind, rows["working tree"], args.write_reference, measured)
         print(f"wrote the {kind} reference to {REFERENCE}")
     return 0
 
@@ -195,14 +196,18 @@ def read_reference(path: Path) -> dict[str, dict[str, object]]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def write_reference(path: Path, kind: str, counts: dict[str, float], why: str) -> None:
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+def revision() -> str:
+    """The working tree's revision, as the router under count loaded it (``+changes``: uncommitted ones)."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip()
+    return rev + ("+changes" if dirty else "")
+
+
+def write_reference(path: Path, kind: str, counts: dict[str, float], why: str, measured: str) -> None:
     reference = read_reference(path)
-    reference[kind] = {"revision": revision + ("+changes" if dirty else ""), "why": why,
-                       **{k: round(counts[k]) for k in COUNTS if counts.get(k)}}
+    reference[kind] = {"revision": measured, "why": why, **{k: round(counts[k]) for k in COUNTS if counts.get(k)}}
     path.write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
 
 
