@@ -132,9 +132,9 @@ def test_shadow_differences_read_length_and_ending() -> None:
         "length", "finish"]
 
 
-def test_the_readme_names_every_metric_family(router: RouterProcess) -> None:
+def test_the_operations_page_names_every_metric_family(router: RouterProcess) -> None:
     text = httpx.get(router.base_url + "/metrics", timeout=10).text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    readme = (Path(ROOT) / "README.md").read_text()
-    missing = sorted(f for f in families if f"`{f}`" not in readme)
+    page = (Path(ROOT) / "docs" / "operations.md").read_text()
+    missing = sorted(f for f in families if f"`{f}`" not in page)
     assert len(families) > 20 and not missing, missing

@@ -7,7 +7,7 @@
   param the table names; ``echoed`` comes back as sent; ``accepted`` is not in the response; an
   ``effect`` answers 200 and, where the sim shows it cheaply, shows the effect (``[sim:echo=request]``:
   the chat body the worker got); otherwise the table names the test that shows it, which must exist.
-- README.md holds the table exactly as ``render_markdown`` writes it.
+- docs/api.md holds the table exactly as ``render_markdown`` writes it.
 """
 
 from __future__ import annotations
@@ -422,11 +422,11 @@ def test_every_proof_names_a_test_that_exists() -> None:
         assert any(isinstance(node, ast.FunctionDef) and node.name == name for node in tree.body), proof
 
 
-def test_the_readme_holds_the_rendered_table() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_api_page_holds_the_rendered_table() -> None:
+    page = (ROOT / "docs" / "api.md").read_text()
     rendered = table.render_markdown()
-    assert rendered in readme and readme.count("| `model` |") == 1
-    assert "**Request fields on each pool kind**" in readme
+    assert rendered in page and page.count("| `model` |") == 1
+    assert "**Request fields on each pool kind**" in page
 
 
 def test_harmony_rows_say_what_the_generate_table_does() -> None:

@@ -21,6 +21,10 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README, re.S)
 
 
+def _toml_block(word: str) -> str:
+    return next(b for b in re.findall(r"```toml\n(.*?)```", README, re.S) if word in b)
+
+
 @pytest.fixture(scope="module")
 def example_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     """config.example.toml as it is, but for its port range, its folder and the port it listens on."""
@@ -57,15 +61,24 @@ def test_the_agents_sdk_example_runs(example_router: RouterProcess) -> None:
 
 def test_the_codex_config_names_what_codex_reads() -> None:
     """The README's Codex block is the provider part of what tests/test_codex_cli.py gives the real CLI."""
-    from tests.codex_env import codex_config
-
-    block = re.search(r"```toml\n(.*?)```", README, re.S)
-    assert block is not None
     import tomllib
 
-    readme = tomllib.loads(block.group(1))
+    from tests.codex_env import codex_config
+
+    readme = tomllib.loads(_toml_block("model_providers"))
     tested = tomllib.loads(codex_config("http://127.0.0.1:8080/v1", "sim-chat"))
     provider = readme["model_providers"][readme["model_provider"]]
     assert provider["wire_api"] == tested["model_providers"][tested["model_provider"]]["wire_api"] == "responses"
     assert set(provider) <= set(tested["model_providers"][tested["model_provider"]])
     assert readme["model"] == "sim-chat"
+
+
+def test_the_ab_recipe_loads_on_the_example_config() -> None:
+    """The README's A/B block, added to config.example.toml as it says, is a valid config with two arms."""
+    from router.config import parse_config
+
+    example = (ROOT / "config.example.toml").read_text()
+    config = parse_config(example + "\n" + _toml_block("arms"), source="config.example.toml")
+    model = next(m for m in config.models if m.name == "sim-ab")
+    assert [arm.pool for arm in model.arms] == ["sim", "sim-b"]
+    assert {p.name for p in config.pools} >= {"sim", "sim-b"}
