@@ -70,7 +70,7 @@ def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
     """The sim's command line, every option explained (``--help``)."""
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n")[0] + " Markers in the last user message drive it "
-        "([sim:tokens=N], [sim:status=CODE], [sim:hang], ...: the README's 'The simulated worker').",
+        "([sim:tokens=N], [sim:status=CODE], [sim:hang], ...: docs/testing.md, 'The simulated worker').",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="whose HTTP API to speak")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")

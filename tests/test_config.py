@@ -54,7 +54,7 @@ def test_the_example_config_is_valid() -> None:
         (("[server]\nport = 8081", "[server]\nport = 8081\nprot = 1"), "server.prot: unknown key"),
         (("port = 8081", 'port = "eighty"'), "server.port: input should be a valid integer"),
         (("port = 8081", "port = 70000"), "server.port: input should be less than or equal to 65535"),
-        # Quoted numbers and booleans are type errors, as the README promises, not coerced.
+        # Quoted numbers and booleans are type errors, as docs/configuration.md promises, not coerced.
         (("port = 8081", 'port = "8081"'), "server.port: input should be a valid integer (got '8081')"),
         (("replicas = 2", 'replicas = "2"'), "pools[0].managed.replicas: input should be a valid integer"),
         (("port = 8081", 'port = 8081\nshutdown_grace_s = "1"'), "server.shutdown_grace_s: input should be a valid number"),

@@ -132,7 +132,7 @@ class ApiKey(Section):
     key: str | None = Field(None, min_length=8)
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     key_env: str | None = Field(None, min_length=1)
-    # The names of this key's streamed reasoning events (README "Reasoning event names"); unset: the model's.
+    # The names of this key's streamed reasoning events (docs/api.md "Reasoning event names"); unset: the model's.
     reasoning_events: Literal["openai", "open-responses"] | None = None
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ class ManagedConfig(Section):
     stop_timeout_s: float = Field(10.0, gt=0)
     # The interpreter of the command's {python} (the engine's module runs on it); empty: the router's own.
     python: str = ""
-    # Append the flags the pool's config implies (README, "Managed pools"); unset: only to the
+    # Append the flags the pool's config implies (docs/configuration.md, "Managed pools"); unset: only to the
     # engine's default command, not to a command of your own.
     derive_flags: bool | None = None
     # The engine's parsers of the model's tool calls and reasoning (vLLM and SGLang --tool-call-parser,

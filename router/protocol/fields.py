@@ -1,6 +1,6 @@
 """What each field of ``CreateResponse`` does on each of the four pool kinds: plain data.
 
-Every field of the request model (router/protocol/requests.py) is a row here, or, where the README
+Every field of the request model (router/protocol/requests.py) is a row here, or, where docs/api.md
 treats its parts apart (``text.format``, ``reasoning.effort``, ``stream_options.include_obfuscation``,
 ``include`` values), several rows named ``field.part`` or ``field: value``. Each row says, for chat and
 harmony pools on vLLM's and SGLang's wires, one of:
@@ -12,7 +12,7 @@ harmony pools on vLLM's and SGLang's wires, one of:
 
 An ``effect`` either is checked by ``tests/test_parity_fields.py`` through a real router, or names in
 ``proof`` the test that shows it. ``tests/test_parity_fields.py`` fails when a field of the model has no
-row, and README.md holds ``render_markdown()``'s table as it is.
+row, and docs/api.md holds ``render_markdown()``'s table as it is.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def _cell(outcome: Outcome) -> str:
 
 
 def render_markdown() -> str:
-    """The README's table "Request fields on each pool kind" (ends with a newline)."""
+    """docs/api.md's table "Request fields on each pool kind" (ends with a newline)."""
     head = ["field", *(POOL_KIND_TITLES[kind] for kind in POOL_KINDS), "what it does"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in FIELDS:

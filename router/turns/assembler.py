@@ -29,7 +29,7 @@ Event = dict[str, Any]
 
 # The reasoning text events' names (delta, done): OpenAI's, which the openai SDK types, and the Open
 # Responses specification's (its schema/events.tsp: ResponseReasoningDeltaStreamingEvent and
-# ResponseReasoningDoneStreamingEvent, the same fields). README "Reasoning event names".
+# ResponseReasoningDoneStreamingEvent, the same fields). docs/api.md "Reasoning event names".
 OPENAI_REASONING = ("response.reasoning_text.delta", "response.reasoning_text.done")
 OPEN_RESPONSES_REASONING = ("response.reasoning.delta", "response.reasoning.done")
 REASONING_EVENTS = {"openai": OPENAI_REASONING, "open-responses": OPEN_RESPONSES_REASONING}

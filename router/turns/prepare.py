@@ -88,7 +88,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     record = Record(store=store, owner=owner, stored=bool(req.store), previous_response_id=req.previous_response_id,
                     input_items=input_items, background=bool(req.background), ttl_s=ttl_s,
                     conversation_id=conversation_id, conversation_position=seen_until)
-    # The request's, else its key's, else the model's choice (README "Reasoning event names").
+    # The request's, else its key's, else the model's choice (docs/api.md "Reasoning event names").
     events = req.reasoning_events or target.key_events.get(owner) or target.reasoning_events
     return ResponseRun(
         req=req, owner=owner, route=routing.route, tools=tools, prompt_items=prompt_items, response=response,

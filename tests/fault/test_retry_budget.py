@@ -1,5 +1,5 @@
 """How many worker calls one request can make, through a real router process: at most
-RETRY_ATTEMPTS (3) that reach a worker and fail, as the README says, whatever the state of the
+RETRY_ATTEMPTS (3) that reach a worker and fail, as docs/api.md says, whatever the state of the
 router's kept-alive connections to the workers.
 
 The workers are tests/fault/hostile_worker.py: ``bad:reset`` reads the request, then resets the
