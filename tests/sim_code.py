@@ -1,4 +1,4 @@
-"""The sim worker (backends/sim.py) with code_interpreter calls whose code the prompt gives.
+"""The sim worker (backends/sim/) with code_interpreter calls whose code the prompt gives.
 
 ``[sim:call=python]`` makes the sim call the router's ``python`` tool with a code argument it
 derives from the schema (a bare word). Here a last user message holding ``CODE:`` sends what
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import backends.sim as sim
-import backends.sim_plan as sim_plan
-from backends.sim_script import message_text
+import backends.sim.plan as sim_plan
+from backends.sim.script import message_text
 
 MARK = "CODE:"
 _build = sim_plan.build_script

@@ -1,4 +1,4 @@
-"""A sim worker (backends/sim.py) as a process, and module-scoped fixtures for one per engine.
+"""A sim worker (backends/sim/) as a process, and module-scoped fixtures for one per engine.
 
 Shared by the sim's own tests (test_sim.py, test_sim_scripting.py,
 test_sim_harmony.py, test_sim_prefix_cache.py).

@@ -3,7 +3,7 @@ drop turns) against a max_tokens too large for the room it leaves (capped to tha
 
 The messages are the engines' own words: vLLM 0.32 (renderers/params.py, v1/engine/input_processor.py, as
 its error response renders a VLLMValidationError), vLLM 0.6-0.10 and earlier (serving_engine.py), vLLM 0.1x
-renderers, SGLang (tokenizer_manager.py); the sim's (backends/sim_context.py) are checked against the same.
+renderers, SGLang (tokenizer_manager.py); the sim's (backends/sim/context.py) are checked against the same.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from backends.engines import is_context_overflow, output_room
-from backends.sim_context import completion_budget
-from backends.sim_script import SimError
+from backends.sim.context import completion_budget
+from backends.sim.script import SimError
 
 BUDGET_ERRORS = [  # (message, the room it names)
     ("max_tokens=100000 cannot be greater than max_model_len=4096. Please request fewer output tokens. "

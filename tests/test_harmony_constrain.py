@@ -1,7 +1,7 @@
 """Harmony pools' constraints as plain data: text.format and forced tool choices -> the structural
 tag both engines take (router/dialects/harmony_constrain.py), the request bodies that carry it
 (router/dialects/harmony_turn.py), and the sim's reading and holding of it
-(backends/sim_harmony_script.py), read back by the router's own parser."""
+(backends/sim/harmony_script.py), read back by the router's own parser."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from backends.sim_harmony_script import Answer, constrained_text, read_constraint
-from backends.sim_script import SimError
+from backends.sim.harmony_script import Answer, constrained_text, read_constraint
+from backends.sim.script import SimError
 from router.dialects.deltas import Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from router.dialects.harmony import HarmonyParser, render_prompt
 from router.dialects.harmony_constrain import FINAL_BEGIN, structural_tag

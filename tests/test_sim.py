@@ -1,4 +1,4 @@
-"""The simulated worker (backends/sim.py) as a process, over real HTTP: wire shapes, errors, limits.
+"""The simulated worker (backends/sim/) as a process, over real HTTP: wire shapes, errors, limits.
 
 Each fixture starts `python -m backends.sim` and talks to it with the openai
 SDK (as the router's clients would) and with http.client for raw wire checks.

@@ -1,4 +1,4 @@
-"""The sim's harmony mode (backends/sim_harmony.py) as a process, over raw HTTP.
+"""The sim's harmony mode (backends/sim/harmony.py) as a process, over raw HTTP.
 
 Prompts are rendered with openai-harmony (system, developer with function tools,
 user); the generated ids are read back with openai-harmony's StreamableParser
@@ -32,7 +32,7 @@ from openai_harmony import (
     load_harmony_encoding,
 )
 
-from backends.sim_harmony import CALL, RETURN, cut_ids, function_args
+from backends.sim.harmony import CALL, RETURN, cut_ids, function_args
 from router.dialects import harmony_vocab
 from router.dialects.deltas import Finish, ToolCallDelta
 from router.dialects.harmony import HarmonyParser

@@ -1,4 +1,4 @@
-"""The harmony sim's reading of the rendered ``functions`` namespace (backends/sim_harmony.py).
+"""The harmony sim's reading of the rendered ``functions`` namespace (backends/sim/harmony.py).
 
 The texts are openai-harmony's renderings, copied verbatim: a parameters schema with a top-level
 ``description`` puts it on the ``type`` line as a comment and the ``{`` on a line of its own (a
@@ -8,7 +8,7 @@ object (or array items) schema has a description.
 
 from __future__ import annotations
 
-from backends.sim_harmony import function_args, function_descriptions
+from backends.sim.harmony import function_args, function_descriptions
 
 # tools: lookup (a pydantic-style schema: described, as the Agents SDK's as_tool sends it), nest (a
 # description of two lines, one with a brace; described nested objects), noargs, plain (no description),

@@ -1,4 +1,4 @@
-"""The sim's prefix cache (backends/sim_cache.py), the engines' cache metrics
+"""The sim's prefix cache (backends/sim/cache.py), the engines' cache metrics
 and their scraping into the pool's load (backends/engines.py, backends/pools.py),
 and a conversation that hits the cache through a real router with affinity."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from backends.engines import kv_cache_usage, waiting_requests
 from backends.sim import SimConfig, SimWorker, Stats, render_metrics
-from backends.sim_cache import (
+from backends.sim.cache import (
     Prefill,
     PrefixCache,
     block_hashes,
@@ -24,7 +24,7 @@ from backends.sim_cache import (
     chat_token_ids,
     reply_ids,
 )
-from backends.sim_script import count_prompt_tokens
+from backends.sim.script import count_prompt_tokens
 from backends.worker import KV_LOAD_WEIGHT, Worker
 from policies.balance import LeastLoad
 from tests.procs import RouterProcess, sim_pool_toml, start_router

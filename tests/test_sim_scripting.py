@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from backends.sim import VOCAB, count_prompt_tokens
-from backends.sim_script import (
+from backends.sim.script import (
     FRAGMENT_CHARS,
     REFUSAL_TEXT,
     SimError,

@@ -1,4 +1,4 @@
-"""The sim calls a declared function that a plain prompt mentions (backends/sim_tools.py), under
+"""The sim calls a declared function that a plain prompt mentions (backends/sim/tools.py), under
 tool_choice "auto": the word matching itself, then over real HTTP on both engines' chat shapes and
 on the harmony generate APIs. Markers still win; a text marker, tool_choice "none" and a tool's
 answer never call."""
@@ -26,7 +26,7 @@ NEWS = {"type": "function", "function": {"name": "search_news_articles", "descri
 
 
 def test_words_of_names_descriptions_and_messages():
-    from backends.sim_tools import mentioned_function, words
+    from backends.sim.tools import mentioned_function, words
 
     assert words("get_weather") == {"weather"} and words("getCityTime") == {"city", "time"}
     assert words("HTTPServer-status.v2") == {"http", "server", "status"}
@@ -101,7 +101,7 @@ def harmony_engine(request) -> tuple[str, object]:
 
 
 def test_function_descriptions_read_from_the_rendered_tools(enc):  # noqa: F811
-    from backends.sim_harmony import function_descriptions
+    from backends.sim.harmony import function_descriptions
 
     text = next(m for m in enc.parse_messages_from_completion_tokens(
         prompt(enc, "hi")[:-2], role=None) if m.author.role == Role.DEVELOPER).content[0].text

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.sim_script import schema_instance
+from backends.sim.script import schema_instance
 from router.dialects.chat import ChatOptions, build_request, to_messages
 from router.dialects.deltas import Finish, ToolCallDelta
 from router.dialects.harmony import _router_call as harmony_router_call

@@ -1,18 +1,18 @@
 """What one chat-completions request to the simulated worker will do, decided up front.
 
 ``plan_request`` validates the body as the engine does (its 400s in the engine's
-words, backends/sim_context.py for the context window) and scripts the answer
-(backends/sim_script.py) before any generation slot is taken.
+words, backends/sim/context.py for the context window) and scripts the answer
+(backends/sim/script.py) before any generation slot is taken.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.sim_cache import chat_token_ids
-from backends.sim_config import SimConfig
-from backends.sim_context import completion_budget
-from backends.sim_script import (
+from backends.sim.cache import chat_token_ids
+from backends.sim.config import SimConfig
+from backends.sim.context import completion_budget
+from backends.sim.script import (
     SimError,
     Step,
     ToolCall,

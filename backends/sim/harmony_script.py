@@ -1,4 +1,4 @@
-"""What the harmony sim answers (backends/sim_harmony.py): the scripted answer's parts, from
+"""What the harmony sim answers (backends/sim/harmony.py): the scripted answer's parts, from
 the prompt's markers and mentions, as harmony text; and the same answer held to the request's
 structured-output constraint, as the engines hold it.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
-from backends.sim_script import SimError, compact_json, generate_tokens, int_marker, schema_instance, seed_salt, stop_strings
-from backends.sim_tools import TEXT_MARKERS, mentioned_function
+from backends.sim.script import SimError, compact_json, generate_tokens, int_marker, schema_instance, seed_salt, stop_strings
+from backends.sim.tools import TEXT_MARKERS, mentioned_function
 
 END, RETURN, CALL = 200007, 200002, 200012  # <|end|>; <|return|>, <|call|>: gpt-oss's eos ids
 VOCAB_SIZE = 201088  # o200k_harmony
@@ -52,7 +52,7 @@ class Answer:
 
 
 def plan_answer(info: Any, markers: dict, default_tokens: int, seed: bytes = b"", echo: str | None = None) -> Answer:
-    """``info``: sim_harmony.PromptInfo. Markers first, then a mention of a function. ``seed``: the
+    """``info``: harmony.PromptInfo. Markers first, then a mention of a function. ``seed``: the
     request's seed as a salt of the words (``read_sampling``); ``echo``: the final text of
     ``[sim:echo=request]`` (the request body without its ids)."""
     def words(n: int, salt: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Pure output scripting for the simulated worker (backends/sim.py).
+"""Pure output scripting for the simulated worker (backends/sim/).
 
 Everything here is a function of the request body: the markers of the last
 user message, what the answer is (words, reasoning, tool calls, JSON, a
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from backends.sim_schema import VOCAB, SimError, compact_json, schema_instance
-from backends.sim_tools import TEXT_MARKERS, mentioned_function
+from backends.sim.schema import VOCAB, SimError, compact_json, schema_instance
+from backends.sim.tools import TEXT_MARKERS, mentioned_function
 
 MARKER_RE = re.compile(r"\[sim:([A-Za-z_]+)(?:=([^\]\s]*))?\]")
 ECHO_TOKEN_CHARS = 16
@@ -200,7 +200,7 @@ def pick_calls(messages: list[dict], markers: dict[str, str | None],
                opts: Options) -> tuple[list[str], str]:
     """The tools this turn calls and how they were chosen. A turn that answers
     a tool message, or tool_choice "none", never calls. Markers first; else the
-    function the last user message mentions (backends/sim_tools.py), unless a
+    function the last user message mentions (backends/sim/tools.py), unless a
     marker scripts the text; else, for tool_choice "required", the first one."""
     if opts.tool_choice == "none" or messages[-1].get("role") == "tool":
         return [], "auto"

@@ -3,9 +3,9 @@ and the chat.completion.chunk frames of a stream (vLLM's and SGLang's protocol m
 
 from __future__ import annotations
 
-from backends.sim_config import SimConfig
-from backends.sim_plan import Plan
-from backends.sim_script import Step, logprobs_body, message_fields, usage_body
+from backends.sim.config import SimConfig
+from backends.sim.plan import Plan
+from backends.sim.script import Step, logprobs_body, message_fields, usage_body
 
 SGLANG_EOS_TOKEN_ID = 2  # SGLang's matched_stop names the stop token; here EOS
 

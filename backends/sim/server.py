@@ -1,9 +1,9 @@
 """The simulated worker's HTTP server: its routes, generation slots and pacing.
 
 ``build_app`` gives the aiohttp application (``/health``, ``/v1/models``, ``/metrics``,
-``/v1/chat/completions``, and with ``--dialect harmony`` backends/sim_harmony.py's routes);
-``serve`` runs it until SIGTERM. Each request is planned first (backends/sim_plan.py), then
-waits for a slot and is answered in the engine's shapes (backends/sim_bodies.py).
+``/v1/chat/completions``, and with ``--dialect harmony`` backends/sim/harmony.py's routes);
+``serve`` runs it until SIGTERM. Each request is planned first (backends/sim/plan.py), then
+waits for a slot and is answered in the engine's shapes (backends/sim/bodies.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import uuid
 import orjson
 from aiohttp import web
 
-from backends.sim_bodies import chunk_body, completion_body, usage
-from backends.sim_cache import Prefill, PrefixCache, reply_ids
-from backends.sim_config import SimConfig
-from backends.sim_metrics import Stats, render_metrics
-from backends.sim_plan import Plan, plan_request
-from backends.sim_script import SimError, Step, cut_steps, error_body, logprobs_body, message_fields, step_delta
+from backends.sim.bodies import chunk_body, completion_body, usage
+from backends.sim.cache import Prefill, PrefixCache, reply_ids
+from backends.sim.config import SimConfig
+from backends.sim.metrics import Stats, render_metrics
+from backends.sim.plan import Plan, plan_request
+from backends.sim.script import SimError, Step, cut_steps, error_body, logprobs_body, message_fields, step_delta
 
 
 class SimWorker:
@@ -186,7 +186,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/metrics", worker.metrics)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
     if cfg.dialect == "harmony":
-        from backends.sim_harmony import add_harmony_routes
+        from backends.sim.harmony import add_harmony_routes
         add_harmony_routes(app, worker)
     return app
 

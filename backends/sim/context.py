@@ -17,7 +17,7 @@ answer run to the context less one. Its chat endpoint answers these ``ValueError
 
 from __future__ import annotations
 
-from backends.sim_script import SimError
+from backends.sim.script import SimError
 
 
 def requested_max_tokens(body: dict) -> tuple[int | None, str]:

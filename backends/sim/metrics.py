@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.sim_cache import PrefixCache, cache_metric_lines
+from backends.sim.cache import PrefixCache, cache_metric_lines
 
 
 @dataclass

@@ -3,14 +3,14 @@ engines' token-level generate APIs answering with ids of the REAL harmony encodi
 Markers of the prompt's last user message: [sim:tokens=N] final words,
 [sim:reason=N] analysis words (0: none), [sim:call=A,B] (arguments: the required
 top-level fields of the developer message's tool types; without a marker, the function
-the message mentions by a word of its name or description, backends/sim_tools.py),
+the message mentions by a word of its name or description, backends/sim/tools.py),
 [sim:builtin=browser.search|python], [sim:preamble] (commentary before the final),
 [sim:garbage=N] (N random ids, <|return|>), [sim:chunk=N] ids per frame,
 [sim:error_after=K], [sim:cached=N] (else the prefix cache's hit on the prompt ids),
 and sim.py's timing and failures; a last tool message gets "tool said: ...". gpt-oss
 ends a turn at its first <|call|>: all calls but the last end with <|end|>. A structured-output
 constraint (vLLM's structured_outputs, SGLang's json_schema / structural_tag) holds the answer
-as the engine would (backends/sim_harmony_script.py); a bad one gets the engine's 400.
+as the engine would (backends/sim/harmony_script.py); a bad one gets the engine's 400.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import orjson
 from aiohttp import web
 from openai_harmony import HarmonyEncodingName, Role, load_harmony_encoding
 
-from backends.sim_harmony_script import (
+from backends.sim.harmony_script import (
     CALL,
     END,
     RETURN,
@@ -44,7 +44,7 @@ from backends.sim_harmony_script import (
     read_sampling,
     script_text,
 )
-from backends.sim_script import SimError, compact_json, error_body, int_marker, parse_markers
+from backends.sim.script import SimError, compact_json, error_body, int_marker, parse_markers
 
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang SamplingParams default
 VLLM_COMPLETIONS_MAX_TOKENS = 16  # vLLM CompletionRequest default
@@ -148,7 +148,7 @@ def function_descriptions(developer: str) -> dict[str, str]:
 
 def script_ids(enc, info: PromptInfo, markers: dict, default_tokens: int, constraint: dict | None = None,
                seed: bytes = b"", echo: str | None = None) -> list[int]:
-    """The whole answer as harmony ids, before any cut (backends/sim_harmony_script.py), held to
+    """The whole answer as harmony ids, before any cut (backends/sim/harmony_script.py), held to
     the request's constraint when it has one. The prompt ends with `<|start|>assistant`, so the
     first message starts at <|channel|>."""
     if (garbage := int_marker(markers, "garbage")) is not None:
@@ -263,7 +263,7 @@ class HarmonySim:
         cached, prefill_s = self.worker.prefill.lookup(run.prompt, len(run.prompt), int_marker(m, "cached"))
         run.cached = cached or 0  # the prefix cache's hit on the real ids, unless a marker says
         if prefill_s > 0:
-            async with self.worker.prefill.gpu:  # one prompt at a time (backends/sim_cache.py)
+            async with self.worker.prefill.gpu:  # one prompt at a time (backends/sim/cache.py)
                 await self._wait(run, prefill_s)
         cuts = {k: int_marker(m, k) for k in ("drop_after", "error_after")}
         limit = min([len(run.ids), *(v for v in cuts.values() if v is not None)])

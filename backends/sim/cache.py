@@ -23,7 +23,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from backends.sim_script import message_text
+from backends.sim.script import message_text
 
 BLOCK_TOKENS = 16  # vLLM's default block size
 _START, _SEP = 1, 2  # a message's header: START, role, SEP (3 tokens, as count_prompt_tokens says)

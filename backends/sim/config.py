@@ -1,10 +1,10 @@
-"""The simulated worker's settings (backends/sim.py parses them from its command line)."""
+"""The simulated worker's settings (backends/sim/cli.py parses them from its command line)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.sim_cache import BLOCK_TOKENS
+from backends.sim.cache import BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class SimConfig:
     max_model_len: int = 4096
     default_tokens: int = 12
     reasoning_field: str | None = None
-    dialect: str = "chat"  # harmony: gpt-oss token-level generate APIs (backends/sim_harmony.py)
+    dialect: str = "chat"  # harmony: gpt-oss token-level generate APIs (backends/sim/harmony.py)
     harmony_vocab_dir: str | None = None
     incremental_streaming_output: bool = False  # SGLang's flag: /generate streams deltas
     no_scale_out: bool = False  # vLLM without --enable-scale-out: no /inference/v1/generate

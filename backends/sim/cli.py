@@ -1,27 +1,7 @@
 """A simulated vLLM / SGLang worker: the engine's HTTP API without a model.
 
-Demos, tests and benchmarks drive the router end to end with it on machines
-that cannot run an engine: `/health`, `/v1/models`, `/metrics` and
-`/v1/chat/completions` in the engine's wire shapes. Output is derived from the
-request; markers in the last user message script it (backends/sim_script.py):
-
-- failures and timing: `[sim:status=CODE]`, `[sim:drop_after=K]` (close the
-  connection after K tokens), `[sim:hang]`, `[sim:ttft_ms=N]`, `[sim:itl_ms=N]`;
-- text: `[sim:tokens=N]` words, `[sim:echo]` (the messages as JSON),
-  `[sim:echo=request]` (the body except `messages`, as JSON), `[sim:refuse]`
-  (a refusal); a last message of role `tool` is answered "tool said: ...";
-- tool calls (with `tools`): `[sim:call=NAME]`, `[sim:call=A,B]` (parallel),
-  arguments valid for the tool's schema; `tool_choice` required/named/none;
-  without a marker, the function the message mentions by a word of its name or
-  description (backends/sim_tools.py);
-- reasoning: `[sim:reason=N]` (the reasoning field), `[sim:think=N]`
-  (`<think>...</think>` in the content);
-- `[sim:cached=N]`: `usage.prompt_tokens_details.cached_tokens`, else with
-  `--kv-cache-blocks N` the prefix cache's hit (backends/sim_cache.py).
-
-`response_format` json_schema/json_object makes the content JSON valid for the
-schema; `logprobs`/`top_logprobs` add deterministic logprobs. `--dialect harmony`
-adds the engines' token-level generate APIs for gpt-oss (backends/sim_harmony.py).
+Its command line (``python -m backends.sim``, ``responses-router sim``); the package's docstring
+says what it answers and how markers script it.
 """
 
 from __future__ import annotations
@@ -30,36 +10,9 @@ import argparse
 import asyncio
 from collections.abc import Callable
 
-from backends.sim_bodies import SGLANG_EOS_TOKEN_ID, chunk_body, completion_body  # noqa: F401  (re-exported)
-from backends.sim_cache import BLOCK_TOKENS
-from backends.sim_config import SimConfig
-from backends.sim_metrics import Stats, render_metrics  # noqa: F401  (re-exported)
-from backends.sim_plan import Plan, plan_request  # noqa: F401  (re-exported)
-from backends.sim_script import (  # noqa: F401  (VOCAB and the helpers are re-exported)
-    VOCAB,
-    SimError,
-    Step,
-    ToolCall,
-    build_script,
-    count_prompt_tokens,
-    cut_steps,
-    error_body,
-    generate_tokens,
-    int_marker,
-    last_user_text,
-    logprobs_body,
-    message_fields,
-    parse_markers,
-    read_options,
-    step_delta,
-    usage_body,
-)
-from backends.sim_server import SimWorker, build_app, serve  # noqa: F401  (re-exported)
-
-# The modules, one job each: sim_config (settings), sim_plan (validate and script one request;
-# sim_context: the context window's checks), sim_script (the answer's content), sim_bodies (the
-# engines' JSON and chunk shapes), sim_server (HTTP routes, slots, pacing), sim_metrics
-# (counters, Prometheus text), sim_cache (the prefix cache), sim_harmony (generate APIs).
+from backends.sim.cache import BLOCK_TOKENS
+from backends.sim.config import SimConfig
+from backends.sim.server import serve
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m backends.sim") -> SimConfig:
@@ -86,7 +39,7 @@ def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
                    help="the delta/message key for [sim:reason]; default: what the engine sends "
                         "(vLLM 0.32: reasoning, SGLang: reasoning_content)")
     p.add_argument("--dialect", choices=("chat", "harmony"), default="chat",
-                   help="harmony: gpt-oss token-level generate endpoints (backends/sim_harmony.py)")
+                   help="harmony: gpt-oss token-level generate endpoints (backends/sim/harmony.py)")
     p.add_argument("--harmony-vocab-dir", help="folder with o200k_base.tiktoken (harmony)")
     p.add_argument("--no-scale-out", action="store_true",
                    help="vLLM started without --enable-scale-out: /inference/v1/generate answers 404")
@@ -110,6 +63,3 @@ def main(argv: list[str] | None = None, prog: str = "python -m backends.sim") ->
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(serve(cfg))
 
-
-if __name__ == "__main__":
-    main()
