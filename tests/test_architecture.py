@@ -15,8 +15,9 @@ from router.config import Config
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each layer and the layers it may import (besides itself). docs/ARCHITECTURE.md, "Layers".
+# "*" is every layer but a sealed one, which only a layer that names it may import.
 ALLOWED: dict[str, set[str]] = {
-    "router.cli": {"*"},
+    "router.cli": {"*", "backends.sim"},  # `responses-router sim`
     "router.app": {"*"},
     "router.__main__": {"router.cli"},
     "router": set(),  # router/__init__.py
@@ -33,13 +34,20 @@ ALLOWED: dict[str, set[str]] = {
     "router.metrics": {"router.protocol", "router.config"},
     "router.report": {"router.protocol", "router.config", "router.metrics"},
     "backends": {"policies"},
+    "backends.sim": set(),  # the simulated worker: an engine's stand-in, nothing of the router's code
     "policies": set(),
 }
 PACKAGES = ("router", "backends", "policies")
+# Layers inside backends/ that neither "*" nor "backends" reaches: no module that serves traffic
+# depends on the simulated worker (a managed pool of engine "sim" starts it as a process).
+SEALED = ("backends.sim",)
 
 
 def _layer(module: str) -> str:
-    """The layer a module belongs to: ``router.<sub>`` for the router's parts, else its package."""
+    """The layer a module belongs to: a sealed one, ``router.<sub>`` for the router's parts, else its package."""
+    for sealed in SEALED:
+        if module == sealed or module.startswith(sealed + "."):
+            return sealed
     parts = module.split(".")
     if parts[0] == "router" and len(parts) > 1:
         return f"router.{parts[1]}"
@@ -64,6 +72,8 @@ def _allowed(source: str, target: str) -> bool:
     if _layer(target) == source:
         return True
     allowed = ALLOWED[source]
+    if _layer(target) in SEALED:
+        return _layer(target) in allowed
     return "*" in allowed or any(target == a or target.startswith(a + ".") or _layer(target) == a for a in allowed)
 
 
@@ -99,6 +109,12 @@ def test_the_rule_check_catches_an_upward_import(tmp_path: Path) -> None:
     assert not _allowed("backends", "router.protocol.errors")
     assert _allowed("router.dialects", "backends.engines")
     assert not _allowed("router.dialects", "backends.wire")
+    for source in ("backends", "router.app", "router.api", "router.turns", "policies"):
+        assert not _allowed(source, "backends.sim.server"), source
+    assert not _allowed("backends", "backends.sim")
+    assert _allowed("router.cli", "backends.sim")
+    assert _allowed("backends.sim", "backends.sim.script")
+    assert not _allowed("backends.sim", "backends.wire")
 
 
 def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
