@@ -32,6 +32,7 @@ from router.api.admin import AdminAPI
 from router.api.auth import Authenticator
 from router.api.compaction import CompactionAPI
 from router.api.conversations import ConversationsAPI
+from router.api.create import Creator
 from router.api.errors import HANDLERS
 from router.api.fastpath import FastPath
 from router.api.meta import MetaAPI
@@ -291,16 +292,17 @@ def build(config: Config, base_dir: Path) -> RouterApp:
         log.warning("no [auth] keys configured: the router is OPEN, every caller shares one owner's stored state")
     router_tools = RouterTools.from_config(config.tools, base_dir)
     sealer = make_sealer(config.sealing.resolved_keys())
-    responses = ResponsesAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                             background=background, leases=leases, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics, sealer=sealer)
+    creator = Creator(store=store, models=targets, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
+                      sealer=sealer)
+    responses = ResponsesAPI(creator=creator, auth=auth, max_body_bytes=config.server.max_body_bytes,
+                             background=background, leases=leases)
     passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, metrics=metrics)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
                        ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
         *responses.routes(),
-        *ResponsesWebSocket(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                            ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
-                            max_age_s=config.server.websocket_max_age_s, sealer=sealer, leases=leases).routes(),
+        *ResponsesWebSocket(creator=creator, auth=auth, max_body_bytes=config.server.max_body_bytes,
+                            max_age_s=config.server.websocket_max_age_s, leases=leases).routes(),
         *ConversationsAPI(store=store, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer).routes(),
         *passthrough.routes(),
         *MetaAPI(models=list(targets), pools=list(pools.values()), auth=auth, metrics=metrics,

@@ -8,9 +8,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.routing import Route
 
-from router import telemetry
-from router.api import access
 from router.api.auth import Authenticator
+from router.api.create import Creator
 from router.api.fastpath import HotRoute
 from router.api.http import (
     Body,
@@ -28,31 +27,22 @@ from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_view
-from router.state.store import Store
-from router.tools.registry import RouterTools
 from router.turns.background import BackgroundRuns
 from router.turns.leases import Leases
-from router.turns.prepare import prepare
-from router.turns.routing import ModelTarget
-from router.turns.shadow import maybe_mirror
 
 
 class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes, the key check, background runs, leases."""
 
-    def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
-                 background: BackgroundRuns, leases: Leases, ttl_s: int | None = None, router_tools: RouterTools | None = None,
-                 metrics: Any = None, sealer: Any = None) -> None:
-        self.sealer = sealer
-        self.metrics = metrics
-        self.router_tools = router_tools
-        self.store = store
-        self.models = models
+    def __init__(self, *, creator: Creator, auth: Authenticator, max_body_bytes: int, background: BackgroundRuns,
+                 leases: Leases) -> None:
+        self.creator = creator
+        self.store = creator.store
+        self.sealer = creator.sealer
         self.auth = auth
         self.max_body_bytes = max_body_bytes
         self.background = background
         self.leases = leases
-        self.ttl_s = ttl_s
 
     def routes(self) -> list[Route]:
         return [
@@ -75,16 +65,8 @@ class ResponsesAPI:
         # read: the key, then the request, validated whole
         owner = self.auth.owner_of(headers)
         req = parse_model(CreateResponse, await decode_request(headers, raw, self.max_body_bytes))
-        record = access.current()
-        if record is not None:
-            record.model = req.model
-        # prepare and route: everything that can be refused is, before a worker call or a write
-        with telemetry.span("prepare", **{"router.model": req.model}):
-            run = await prepare(req, owner, store=self.store, models=self.models, ttl_s=self.ttl_s,
-                                router_tools=self.router_tools, metrics=self.metrics, sealer=self.sealer)
-        if record is not None:
-            record.run = run  # read as the answer ends: where it was served, its id, tokens, status
-        maybe_mirror(self.models[req.model], run)  # shadow traffic, on a task of its own
+        # prepare and route: everything that can be refused is, before a worker call or a write (as on WebSocket)
+        run = await self.creator.prepared(req, owner)
         # build request, execute, assemble, persist (turns/runner.py), then respond
         if req.background:  # run detached; the client gets it queued, or its replayed events
             queued = await self.background.submit(run)

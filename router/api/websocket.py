@@ -48,6 +48,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from router import telemetry
 from router.api import access
 from router.api.auth import Authenticator
+from router.api.create import Creator
 from router.api.http import error_response, validation_error
 from router.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, internal_error
 from router.protocol.ids import request_id
@@ -55,12 +56,8 @@ from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import usage_object
 from router.state.store import Store
-from router.tools.registry import RouterTools
 from router.turns.leases import Leases
-from router.turns.prepare import prepare
-from router.turns.routing import ModelTarget
 from router.turns.runner import ResponseRun
-from router.turns.shadow import maybe_mirror
 
 log = logging.getLogger("router.websocket")
 
@@ -73,24 +70,18 @@ AGE_LIMIT_CODE = "websocket_connection_limit_reached"
 class ResponsesWebSocket:
     """The ``/v1/responses`` WebSocket route, bound to what the HTTP create route also uses."""
 
-    def __init__(self, *, store: Store, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
-                 leases: Leases, ttl_s: int | None = None, router_tools: RouterTools | None = None, metrics: Any = None,
+    def __init__(self, *, creator: Creator, auth: Authenticator, max_body_bytes: int, leases: Leases,
                  max_age_s: float = DEFAULT_MAX_AGE_S, close_grace_s: float = 60.0, cache_size: int = 64,
-                 max_lanes: int = 8, max_queued: int = 8, sealer: Any = None) -> None:
-        self.store = store
+                 max_lanes: int = 8, max_queued: int = 8) -> None:
+        self.creator = creator  # the create sequence HTTP's create uses too (router/api/create.py)
         self.leases = leases  # a stored response is leased while it streams, as on HTTP
-        self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
-        self.ttl_s = ttl_s
-        self.router_tools = router_tools
-        self.metrics = metrics
         self.max_age_s = max_age_s
         self.close_grace_s = close_grace_s
         self.cache_size = cache_size
         self.max_lanes = max_lanes
         self.max_queued = max_queued
-        self.sealer = sealer  # opens compaction items in the input, as on HTTP
 
     def routes(self) -> list[WebSocketRoute]:
         return [WebSocketRoute("/v1/responses", self.endpoint)]
@@ -354,19 +345,11 @@ class _Connection:
 
     async def _respond(self, frame: dict[str, Any], sid: str | None) -> None:
         api = self.api
-        view = CachedStore(api.store, self.cache)
+        view = CachedStore(api.creator.store, self.cache)
         try:
             req, generate = _parse_create(frame)
-            record = access.current()
-            if record is not None:
-                record.model = req.model
-            extra = {"sealer": api.sealer} if api.sealer is not None else {}
-            run = await prepare(req, self.owner, store=view, models=api.models, ttl_s=api.ttl_s,
-                                router_tools=api.router_tools, metrics=api.metrics, **extra)
-            if record is not None:
-                record.run = run
+            run = await api.creator.prepared(req, self.owner, store=view, mirror=generate)
             if generate:
-                maybe_mirror(api.models[req.model], run)
                 await run.open_stream()
         except APIError as exc:
             _evict_from(frame, self.cache)

@@ -6,6 +6,7 @@ or anything is stored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from router import telemetry
@@ -22,6 +23,7 @@ from router.state.store import Store
 from router.tools.registry import RouterTools
 from router.turns.assembler import REASONING_EVENTS
 from router.turns.history import check_tool_outputs, load_history, resolve_input
+from router.turns.meters import Meters
 from router.turns.prelude import build_prelude
 from router.turns.record import Record
 from router.turns.route import ModelRoute
@@ -30,7 +32,7 @@ from router.turns.runner import ResponseRun
 
 
 async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict[str, ModelTarget],
-                  ttl_s: int | None, router_tools: RouterTools | None = None, metrics: Any = None,
+                  ttl_s: int | None, router_tools: RouterTools | None = None, metrics: Meters | None = None,
                   sealer: Sealer | None = None) -> ResponseRun:
     check_supported(req)
     target = models.get(req.model)
@@ -117,7 +119,7 @@ def _check_engine_options(options: dict[str, Any], route: ModelRoute, model: str
                              f"({pool.engine.name}) does not take it", param=name, code="unsupported_parameter")
 
 
-def _reasoning_sealer(req: CreateResponse, sealer: Sealer | None, owner: str) -> Any:
+def _reasoning_sealer(req: CreateResponse, sealer: Sealer | None, owner: str) -> Callable[[str], str] | None:
     """When the client asked for encrypted reasoning: a function sealing reasoning text for it."""
     if sealer is None or "reasoning.encrypted_content" not in (req.include or ()):
         return None
@@ -125,7 +127,7 @@ def _reasoning_sealer(req: CreateResponse, sealer: Sealer | None, owner: str) ->
 
 
 async def _routing(target: ModelTarget, req: CreateResponse, store: Store, owner: str, conversation_id: str | None,
-                   rid: str, prompt: list[Item], metrics: Any) -> Routing:
+                   rid: str, prompt: list[Item], metrics: Meters | None) -> Routing:
     """The arm and worker preference: sticky by conversation, or by the client's own key."""
     previous = None
     if target.records and req.previous_response_id is not None:

@@ -84,6 +84,10 @@ class Record:
                         response["id"], response["status"])
         return stored
 
+    async def routing(self, response_id: str, served: dict[str, Any]) -> None:
+        """Where the response was served (its arm, its worker), for the next turn of its chain."""
+        await self.store.set_routing(response_id, served)
+
     async def opening(self, response: dict[str, Any]) -> StoreUnavailable | None:
         """A leased stream's first put: ``in_progress``, no output yet, so it can be retrieved (and is
         not chained on) while it runs, and is failed by the sweep if this replica dies. A failure

@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from backends.errors import WorkerAnswerTooLarge, WorkerTimedOut
@@ -37,11 +37,13 @@ from router.protocol.errors import APIError, NoCapacity, UpstreamError
 from router.protocol.ids import ItemIds
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
+from router.protocol.sealing import Sealer
 from router.protocol.tools import ToolSet
 from router.state.store import StoreUnavailable
 from router.tools.registry import RouterTools
 from router.turns.assembler import OPENAI_REASONING, Assembler, Event
 from router.turns.compaction import fold_history
+from router.turns.meters import Meters, Timer
 from router.turns.prelude import Prelude
 from router.turns.reader import reader
 from router.turns.record import Record
@@ -85,9 +87,8 @@ def stream_error(exc: BaseException) -> UpstreamError:
 class ResponseRun:
     """One response from its first worker call to its end; nothing here is shared between requests.
 
-    What it was prepared with comes first; the per-run state after. It ends one of three
-    ways, each recorded: ``refused`` (before anything was streamed: an error to raise),
-    ``fail`` (while or after streaming: the events that say so), ``cancelled``.
+    What it was prepared with comes first; the per-run state after. However it ends, the end
+    goes through ``_end``, whose table says what is sent, stored and counted for each ending.
     """
 
     req: CreateResponse
@@ -102,19 +103,19 @@ class ResponseRun:
     prelude: Prelude | None = None  # MCP listings and approved calls, run before the first turn
     routing: Routing | None = None  # the arm, and the worker preference for affinity pools
     record_routing: bool = False  # remember where it was served, for the next turn
-    metrics: Any = None  # router.metrics.RouterMetrics
-    seal: Any = None  # seals reasoning text into encrypted_content, when the client asked for it
-    sealer: Any = None  # router.protocol.sealing.Sealer, for context_management compaction
+    metrics: Meters | None = None
+    seal: Callable[[str], str] | None = None  # reasoning text -> encrypted_content, when the client asked for it
+    sealer: Sealer | None = None  # for context_management compaction
     item_ids: ItemIds | None = None  # names the output items (prepare named the input's with it)
     reasoning_events: tuple[str, str] = OPENAI_REASONING  # the streamed reasoning events' names (delta, done)
     obfuscate: bool = False  # stream_options.include_obfuscation: pad text deltas (turns/assembler.py)
     refused_events: list[Event] = field(default_factory=list)  # set when the run was refused before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
-    _timer: Any = None
+    _timer: Timer | None = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
-    _call_span: Any = None  # the worker call's trace span (router/telemetry.py), while it runs
+    _call_span: object | None = None  # the worker call's trace span (router/telemetry.py), while it runs
     _assembler: Assembler = field(init=False)
     _turn: DialectTurn = field(init=False)
     _upstream: Upstream = field(init=False)
@@ -169,10 +170,8 @@ class ResponseRun:
             deltas = self._turn.completion(answer)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a wrong-shaped answer
             raise await self._refused(UpstreamError(f"the worker's answer could not be read: {exc}", code="upstream_error")) from None
-        asm = self._assembler
-        asm.feed(deltas)
-        asm.finish(self._tool_loop.unrunnable_call(self.response["output"]))
-        await self.persist()
+        self._assembler.feed(deltas)
+        await self._end("finish", reason=self._tool_loop.unrunnable_call(self.response["output"]), streamed=False)
         return self.response
 
     # -- a stream ------------------------------------------------------------
@@ -264,12 +263,7 @@ class ResponseRun:
             self.tools.relax()
         else:
             reason = "max_turns"
-        events = asm.finish(reason or loop.unrunnable_call(self.response["output"]))
-        try:
-            await self.persist()
-        except StoreUnavailable as exc:  # made but not kept: the end the client sees says so
-            events = self._unstored(events, exc)
-        yield events
+        yield await self._end("finish", reason=reason or loop.unrunnable_call(self.response["output"]))
 
     def attach_writer(self, write: Callable[[list[Event]], bool] | None) -> None:
         """The SSE answer's direct writer (router/api/sse.py), for as long as it sends."""
@@ -338,29 +332,63 @@ class ResponseRun:
         return self._assembler.queued()
 
     async def fail(self, error: APIError) -> list[Event]:
-        """End it failed, at any point after it was accepted: recorded, and the events that say so."""
-        self._close_stream()
-        events = self._assembler.fail(error)
-        # A store that has just given up is not asked again: that would only hold the client's end.
-        await self._end_or_log(error.code or error.type, write=not isinstance(error, StoreUnavailable),
-                               rejected=error.status < 500)
-        return events
+        """End it failed, at any point after it was accepted: the events that say so."""
+        return await self._end("fail", error)
 
     async def cancelled(self) -> list[Event]:
-        """Stopped on request, or left by its client: record ``cancelled`` (not appended to a
-        conversation) and return the last events."""
-        self._close_stream()  # the worker sees the disconnect and stops generating
-        events = self._assembler.cancel()
-        await self._end_or_log()
-        return events
+        """Stopped on request, or left by its client: the last events."""
+        return await self._end("cancel")
 
     async def _refused(self, error: APIError) -> APIError:
-        """Record a response that failed before anything was streamed; returns the error to raise
-        (its events, for a background run's log, in ``refused_events``)."""
-        self._end_call(error.code or error.type)
-        self.refused_events = self._assembler.fail(error)
-        await self._end_or_log(error.code or error.type, rejected=error.status < 500)
+        """End it failed before anything was streamed; the error to raise (its events, for a
+        background run's log, in ``refused_events``)."""
+        await self._end("refuse", error)
         return error
+
+    async def _end(self, how: Literal["finish", "fail", "refuse", "cancel"], error: APIError | None = None, *,
+                   reason: str | None = None, streamed: bool = True) -> list[Event]:
+        """End the run ``how``: the one place that says, for each ending, what the client is sent,
+        what is stored and what is counted. Returns the events that say it.
+
+        - finish: the Response is completed, or incomplete (``reason``). Sent: response.completed
+          or .incomplete (JSON: the response). Stored: it must be; when the store stays
+          unreachable, a stream's end becomes error + response.failed, kept as ``unstored`` and
+          stored failed once the store is back (turns/leases.py), and a JSON create is a 503.
+          Counted: its status, or failed (store_unavailable) when it was not kept.
+        - fail: failed. Sent: error + response.failed. Stored when the store can (else logged).
+          Counted: failed, or rejected when the error is the request's (a 4xx).
+        - refuse: failed before anything was streamed. Sent: the error, as the HTTP answer (a
+          background run: into its log). Stored and counted as fail.
+        - cancel: cancelled (open items incomplete; not appended to a conversation). Sent:
+          response.cancelled (a client that left sees nothing). Stored as fail. Counted: cancelled.
+
+        The router stopping ends a run fail or refuse, code router_stopped (``_stopped``).
+        """
+        asm = self._assembler
+        if how == "finish":
+            events = asm.finish(reason)
+            try:
+                await self.persist()
+            except StoreUnavailable as exc:  # made but not kept: the end the client sees says so
+                if not streamed:
+                    raise
+                events = self._unstored(events, exc)
+            return events
+        if error is None:  # cancel
+            self._close_stream()  # the worker sees the disconnect and stops generating
+            events = asm.cancel()
+            await self._end_or_log()
+            return events
+        code = error.code or error.type
+        if how == "refuse":
+            self._end_call(code)
+            events = self.refused_events = asm.fail(error)
+        else:
+            self._close_stream()
+            events = asm.fail(error)
+        # A store that has just given up is not asked again: that would only hold the client's end.
+        await self._end_or_log(code, write=not isinstance(error, StoreUnavailable), rejected=error.status < 500)
+        return events
 
     def _unstored(self, end: list[Event], error: StoreUnavailable) -> list[Event]:
         """A response's last events (``asm.finish``'s), its terminal one replaced by ``error`` and
@@ -407,7 +435,7 @@ class ResponseRun:
     async def _record_routing(self) -> None:
         """Where it was served, for the next turn of its chain (sticky arms, worker affinity)."""
         if self.record_routing and self.routing is not None and self.response["status"] not in ("queued", "in_progress"):
-            await self.record.store.set_routing(self.response["id"], self.routing.record(self._upstream.last_url))
+            await self.record.routing(self.response["id"], self.routing.record(self._upstream.last_url))
 
     def _count(self, error_code: str | None, rejected: bool = False) -> None:
         """Into the metrics, at its end: a failure through the request's fault as ``rejected``, which

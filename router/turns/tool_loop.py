@@ -16,6 +16,7 @@ from router.protocol.items import Item
 from router.protocol.tools import ToolSet
 from router.tools.registry import Browsing, RouterTools, gather_outcomes
 from router.turns.assembler import Assembler, Event
+from router.turns.meters import Meters
 from router.turns.prelude import Prelude
 from router.turns.tool_items import RouterCallItem
 
@@ -31,7 +32,7 @@ class ToolLoop:
     prelude: Prelude | None  # MCP listings and approved calls, run before the first turn
     owner: str
     max_tool_calls: int | None
-    metrics: Any = None  # router.metrics.RouterMetrics: tool_calls_total, tool_call_duration_seconds
+    metrics: Meters | None = None  # tool_calls_total, tool_call_duration_seconds
     _calls_run: int = 0
     loops: bool = field(init=False)  # whether the router may run tools between turns (else one plain worker call does)
 
