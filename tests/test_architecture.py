@@ -1,5 +1,5 @@
-"""The house rules of docs/ARCHITECTURE.md: which layer may import which, and a docs/configuration.md
-that names every config key."""
+"""The house rules of docs/ARCHITECTURE.md: which layer may import which (read from its layer
+table, the one source), and a docs/configuration.md that names every config key."""
 
 from __future__ import annotations
 
@@ -14,33 +14,39 @@ from router.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Each layer and the layers it may import (besides itself). docs/ARCHITECTURE.md, "Layers".
-# "*" is every layer but a sealed one, which only a layer that names it may import.
-ALLOWED: dict[str, set[str]] = {
-    "router.cli": {"*", "backends.sim"},  # `responses-router sim`
-    "router.app": {"*"},
-    "router.__main__": {"router.cli"},
-    "router": set(),  # router/__init__.py
-    "router.api": {"router.turns", "router.state", "router.tools", "router.protocol", "router.metrics",
-                   "router.config", "router.telemetry", "backends"},
-    "router.turns": {"router.dialects", "router.state", "router.tools", "router.protocol", "router.config",
-                     "router.telemetry", "backends", "policies"},
-    "router.telemetry": {"router.config", "backends.wire"},
-    "router.dialects": {"router.protocol", "backends.engines"},
-    "router.tools": {"router.protocol", "router.config"},
-    "router.state": {"router.protocol", "router.config"},
-    "router.protocol": set(),
-    "router.config": {"router.protocol"},
-    "router.metrics": {"router.protocol", "router.config"},
-    "router.report": {"router.protocol", "router.config", "router.metrics"},
-    "backends": {"policies"},
-    "backends.sim": set(),  # the simulated worker: an engine's stand-in, nothing of the router's code
-    "policies": set(),
-}
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGES = ("router", "backends", "policies")
 # Layers inside backends/ that neither "*" nor "backends" reaches: no module that serves traffic
 # depends on the simulated worker (a managed pool of engine "sim" starts it as a process).
 SEALED = ("backends.sim",)
+
+
+def _dotted(path: str) -> str:
+    """``router/api/`` -> ``router.api``; ``router/cli.py`` -> ``router.cli``; ``router/__init__.py`` -> ``router``."""
+    return path.strip("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def layer_table(text: str) -> dict[str, set[str]]:
+    """docs/ARCHITECTURE.md's "Layers" table: each module of a row's folder -> what it may import
+    (the row's "may import" modules, "*" for everything, and the modules of its own row)."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    allowed: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
+            continue
+        modules = [_dotted(path) for path in re.findall(r"`([^`]+)`", cells[1])]
+        may = set(re.findall(r"`([a-z_.]+)`", cells[3])) | ({"*"} if cells[3].startswith("everything") else set())
+        assert modules, f"a row of docs/ARCHITECTURE.md's layer table names no folder: {line}"
+        for module in modules:
+            assert module not in allowed, f"{module}: in two rows of the layer table"
+            allowed[module] = may | set(modules)
+    return allowed
+
+
+# Each layer and the layers it may import (besides itself): read from docs/ARCHITECTURE.md, "Layers".
+# "*" is every layer but a sealed one, which only a layer that names it may import.
+ALLOWED: dict[str, set[str]] = layer_table(ARCHITECTURE.read_text())
 
 
 def _layer(module: str) -> str:
@@ -139,3 +145,13 @@ def test_the_configuration_page_names_every_config_key() -> None:
     named = {word for span in spans for word in re.findall(r"[a-z_0-9]+", span)}
     missing = [key for key in _keys(Config) if not set(key.split(".")) <= named]
     assert not missing, f"config keys docs/configuration.md does not name: {missing}"
+
+
+def test_the_rules_are_the_pages_table() -> None:
+    """The rules come from docs/ARCHITECTURE.md's table, whatever it says: a row read as written."""
+    page = ("# A\n\n## Layers\n\n| layer | folder | its job | may import |\n|---|---|---|---|\n"
+            "| top | `router/app.py` | all | everything |\n| low | `router/state/`, `router/x.py` | `store.py` | `router.protocol` |\n"
+            "| leaf | `policies/` | which | nothing |\n\n## Next\n\n| layer | folder | its job | may import |\n| no | `z/` | | |\n")
+    assert layer_table(page) == {"router.app": {"*", "router.app"}, "router.state": {"router.protocol", "router.state", "router.x"},
+                                 "router.x": {"router.protocol", "router.state", "router.x"}, "policies": {"policies"}}
+    assert set(ALLOWED) >= {"router.api", "router.turns", "backends", "backends.sim", "policies"}
