@@ -53,6 +53,7 @@ def load_of(candidate: Candidate) -> float:
 class Balancer(Protocol):
     def choose(self, candidates: Sequence[C]) -> C:
         """Pick one of a non-empty list of healthy candidates."""
+        ...
 
 
 class RoundRobin:

@@ -115,12 +115,15 @@ class ResponseStore(Protocol):
 
     async def open(self) -> None:
         """Create or migrate the schema if needed; called once at start-up. Idempotent."""
+        ...
 
     async def close(self) -> None:
         """Release the connection(s). Idempotent; any later call but ``open`` raises RuntimeError."""
+        ...
 
     async def ping(self) -> None:
         """Reach the database once, without retrying (``/health``): StoreUnavailable when it cannot."""
+        ...
 
     async def put_response(self, response: StoredResponse) -> None:
         """Insert or replace a response, its input items and output items, atomically.
@@ -135,9 +138,11 @@ class ResponseStore(Protocol):
         With ``existing`` set, a response that is no longer stored (deleted)
         raises ``ResponseDeleted`` and nothing is written.
         """
+        ...
 
     async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
         """The Response object, or None when unknown, deleted, expired or another owner's."""
+        ...
 
     async def load_history(self, response_id: str, owner: str) -> list[Item] | None:
         """Items of the chain ending at ``response_id``, oldest first, in ONE query.
@@ -149,6 +154,7 @@ class ResponseStore(Protocol):
         ``response_id`` is queued or in progress (a background response still
         running): its output is not there yet.
         """
+        ...
 
     async def delete_response(self, response_id: str, owner: str) -> bool:
         """Remove a response and its items; False when there was none to remove.
@@ -156,6 +162,7 @@ class ResponseStore(Protocol):
         An expired response is removed too, but reported as False (it was
         already gone as far as the caller can tell).
         """
+        ...
 
     async def list_input_items(
         self,
@@ -171,21 +178,26 @@ class ResponseStore(Protocol):
         None when the response is unknown (or expired). Raises KeyError(after)
         for an unknown ``after``, ValueError for a limit below 1 or a bad order.
         """
+        ...
 
     async def purge_expired(self, now: int) -> int:
         """Delete every response with ``expires_at <= now`` (any owner); returns how many."""
+        ...
 
     async def set_routing(self, response_id: str, routing: dict[str, Any]) -> None:
         """Record where a stored response was served (pool, arm, worker); deleted with it."""
+        ...
 
     async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:
         """What ``set_routing`` recorded, or None."""
+        ...
 
     async def get_items(self, item_ids: list[str], owner: str) -> dict[str, Item]:
         """Stored items by id, for ``item_reference`` input: any input or output item of this
         owner's (unexpired) responses, or of this owner's conversations. Unknown ids are absent.
         An id stored in several places (a conversation keeps copies of its responses' items)
         maps to one of its copies. One query."""
+        ...
 
 
 class ConversationStore(Protocol):
@@ -196,36 +208,44 @@ class ConversationStore(Protocol):
 
         Raises ValueError when the id is already taken, by any owner (nothing is written then).
         """
+        ...
 
     async def get_conversation(self, conversation_id: str, owner: str) -> Conversation | None: ...
 
     async def update_conversation(self, conversation_id: str, owner: str, metadata: dict[str, str]) -> Conversation | None:
         """Replace the metadata; None when unknown."""
+        ...
 
     async def delete_conversation(self, conversation_id: str, owner: str) -> bool:
         """Remove the conversation and its items (the responses that used it stay)."""
+        ...
 
     async def add_conversation_items(self, conversation_id: str, owner: str, items: list[Item]) -> int | None:
         """Append items at the end, atomically. Returns the position the first of them took (the
         conversation's end before them, for an empty list), None when the conversation is unknown."""
+        ...
 
     async def load_conversation(self, conversation_id: str, owner: str) -> list[Item] | None:
         """Every item, oldest first, in ONE query; None when unknown."""
+        ...
 
     async def load_conversation_with_end(self, conversation_id: str, owner: str) -> tuple[list[Item], int] | None:
         """``load_conversation`` and, from the same snapshot, the position the next appended item
         will take: a response made now saw the items before it (``StoredResponse.conversation_position``)."""
+        ...
 
     async def list_conversation_items(
         self, conversation_id: str, owner: str, *, after: str | None = None, limit: int = 20, order: Order = "desc"
     ) -> ItemPage | None:
         """Like ``list_input_items``: KeyError for an unknown ``after``, ValueError for a bad limit/order."""
+        ...
 
     async def get_conversation_item(self, conversation_id: str, owner: str, item_id: str) -> Item | None: ...
 
     async def delete_conversation_item(self, conversation_id: str, owner: str, item_id: str) -> bool:
         """Remove the item (every copy, should the id be there twice); False when none was removed.
         ``get_conversation_item`` returns the last copy of a repeated id."""
+        ...
 
 
 class BackgroundStore(Protocol):
@@ -240,6 +260,7 @@ class BackgroundStore(Protocol):
         """How long the database has answered this replica since it last failed to (seconds; inf when
         it never failed, 0.0 while it is failing). Leases could not be renewed while it failed: the
         sweep waits until it has answered for a lease (router/turns/background.py)."""
+        ...
 
     async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
         """Add events (each has a unique, increasing ``sequence_number``) to the response's log, atomically.
@@ -248,22 +269,27 @@ class BackgroundStore(Protocol):
         ValueError for an event without an integer ``sequence_number`` or with one already logged;
         nothing is written then. Any owner: the caller is the replica running the response.
         """
+        ...
 
     async def read_events(self, response_id: str, owner: str, *, after: int = -1, limit: int = 1000) -> list[dict[str, Any]] | None:
         """Events with ``sequence_number > after``, ascending, at most ``limit``; None when the response is
         unknown (or expired) to this owner. ValueError for a limit below 1."""
+        ...
 
     async def renew_leases(self, response_ids: list[str], holder: str, until: float) -> None:
         """Set ``lease_until`` of those of these responses whose lease ``holder`` holds (others' leases,
         and responses with no lease, are left alone)."""
+        ...
 
     async def request_cancel(self, response_id: str, owner: str) -> bool:
         """Flag a response for cancelling; False when it is unknown (or expired) to this owner.
         The flag stays until the response is deleted; ``put_response`` never clears it."""
+        ...
 
     async def cancel_requested(self, response_ids: list[str]) -> set[str]:
         """Which of these responses must stop: they have a cancel request, or they are no longer
         stored (deleted while they ran). Any owner: asked by the running replica."""
+        ...
 
     async def fail_abandoned(self, now: float, error: dict[str, Any], settle: Settle | None = None) -> list[str]:
         """Responses still ``queued``/``in_progress`` whose lease ended before ``now`` (or that have
@@ -273,6 +299,7 @@ class BackgroundStore(Protocol):
         their ids. Safe to run on every replica at once: each response is failed (and returned) by
         one of them only. Never retried: a database it cannot reach raises StoreUnavailable at once
         (the sweep runs again soon, and must first give the holders a lease to renew theirs)."""
+        ...
 
 
 class Store(ResponseStore, ConversationStore, BackgroundStore, Protocol):
