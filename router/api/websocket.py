@@ -55,6 +55,7 @@ from router.protocol.ids import request_id
 from router.protocol.items import Item
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import usage_object
+from router.state.forward import ForwardingStore
 from router.state.store import Store
 from router.turns.leases import Leases
 from router.turns.runner import ResponseRun
@@ -153,13 +154,13 @@ def _frozen(items: list[Item]) -> tuple[bytes, ...]:
     return tuple(orjson.dumps(item) for item in items)
 
 
-class CachedStore:
+class CachedStore(ForwardingStore):
     """The store as one request on a connection sees it: ``load_history`` and ``get_items`` ask the
     connection's cache first; everything else is the store's. It also remembers the history it gave
     out, so the response's own cache entry can be built on it."""
 
     def __init__(self, store: Store, cache: ResponseCache) -> None:
-        self._store = store
+        super().__init__(store)
         self._cache = cache
         self.base: tuple[bytes, ...] | None = None  # the history handed to prepare, frozen
         self.from_cache = False
@@ -186,9 +187,6 @@ class CachedStore:
         if rest:
             found.update(await self._store.get_items(rest, owner))
         return found
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 # -- one connection --------------------------------------------------------------
