@@ -22,7 +22,7 @@ from router.state.store import Conversation, ConversationStore
 
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    items: list[Any] | None = Field(None, max_length=20)
+    items: list[Any] | None = Field(default=None, max_length=20)
     metadata: Metadata = None
 
 

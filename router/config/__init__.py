@@ -49,33 +49,33 @@ STOP_MARGIN_S = 2.0
 
 class ServerConfig(Section):
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
-    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Every log line as text (a terminal) or as one JSON object (a log pipeline): router/api/access.py.
     log_format: Literal["text", "json"] = "text"
     # One line per request (and WebSocket response.create) at info, on the logger router.access.
     access_log: bool = True
     # WebSocket connections to /v1/responses are closed (code 1000) after this long.
-    websocket_max_age_s: float = Field(3600.0, gt=0)
+    websocket_max_age_s: float = Field(default=3600.0, gt=0)
     # On SIGTERM, requests and background responses running get this long to finish; then a stream
     # ends with error + response.failed (code router_stopped, stored failed), a create answers 503,
     # a background response is stored failed. The listening socket closes at once.
-    shutdown_grace_s: float = Field(5.0, ge=0, le=3600)
+    shutdown_grace_s: float = Field(default=5.0, ge=0, le=3600)
     # SIGTERM to exit, all of it: the grace, STOP_MARGIN_S to end what is left and store it, then
     # managed workers get what remains before SIGKILL. Fits a 10 s stop (docker, systemd's default is 90).
-    stop_timeout_s: float = Field(9.0, gt=0, le=7200)
+    stop_timeout_s: float = Field(default=9.0, gt=0, le=7200)
     # A request's head must arrive within header_timeout_s of the connection (or of its first
     # byte after an idle keep-alive), its body within body_timeout_s of the head: else 408, closed.
-    header_timeout_s: float = Field(10.0, gt=0, le=3600)
-    body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     # An idle kept-alive connection is closed after this long, said in every answer's
     # Keep-Alive: timeout=N. Longer than clients keep theirs (httpx and the openai SDK: 5 s), so
     # a request sent on a reused connection never meets the router's close (nginx's default: 75).
-    keep_alive_s: float = Field(75.0, ge=1, le=3600)
+    keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
     # Open connections at most; past it the one waiting longest for its client is closed.
     # Default: what the file-descriptor limit allows (half of it, the rest for worker calls).
-    max_connections: int | None = Field(None, ge=1)
+    max_connections: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _stop_budget(self) -> ServerConfig:
@@ -94,13 +94,13 @@ class StoreConfig(Section):
     # (keeps a password out of the config file). Exactly one of the two.
     dsn: str | None = None
     dsn_env: str | None = None
-    pool_min: int = Field(1, ge=0)
-    pool_max: int = Field(10, ge=1)
+    pool_min: int = Field(default=1, ge=0)
+    pool_max: int = Field(default=10, ge=1)
     # postgres: a call that loses the server (a restart, an outage) is retried, with backoff, for
     # this long; past it, 503 store_unavailable (a stream: error + response.failed).
-    retry_s: float = Field(30.0, ge=0, le=3600)
+    retry_s: float = Field(default=30.0, ge=0, le=3600)
     # Stored responses expire this many seconds after they are created; None keeps them forever.
-    ttl_s: int | None = Field(None, gt=0)
+    ttl_s: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _kind(self) -> StoreConfig:
@@ -129,9 +129,9 @@ class ApiKey(Section):
     """One client key, given exactly one way: plain, as its sha256 (hex), or by an env var holding it."""
 
     name: str = Field(min_length=1)
-    key: str | None = Field(None, min_length=8)
-    key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    key_env: str | None = Field(None, min_length=1)
+    key: str | None = Field(default=None, min_length=8)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    key_env: str | None = Field(default=None, min_length=1)
     # The names of this key's streamed reasoning events (docs/api.md "Reasoning event names"); unset: the model's.
     reasoning_events: Literal["openai", "open-responses"] | None = None
 
@@ -177,7 +177,7 @@ class AuthConfig(Section):
 
 class ArmConfig(Section):
     pool: str = Field(min_length=1)
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(default=1.0, gt=0)
     name: str = ""  # empty: the pool's name
 
 
@@ -185,7 +185,7 @@ class ShadowConfig(Section):
     # Mirror this fraction of requests to a candidate pool; its answers are discarded.
     pool: str = Field(min_length=1)
     rate: float = Field(gt=0, le=1)
-    max_concurrency: int = Field(4, ge=1)
+    max_concurrency: int = Field(default=4, ge=1)
 
 
 class ModelConfig(Section):
@@ -216,9 +216,9 @@ class ModelConfig(Section):
 class BackgroundConfig(Section):
     # A replica renews its lease on the background responses it runs; one that stops renewing
     # (it died) has its responses marked failed by any replica once the lease runs out.
-    lease_s: float = Field(30.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0)
     # How many events one response's replay log keeps (the terminal event always).
-    max_events: int = Field(100_000, ge=10)
+    max_events: int = Field(default=100_000, ge=10)
 
 
 class HarmonyConfig(Section):
@@ -278,9 +278,9 @@ class TelemetryConfig(Section):
     # OpenTelemetry traces, sent over OTLP/HTTP to this URL (e.g. http://collector:4318/v1/traces);
     # empty: none. Needs the optional extra: pip install 'responses-router[otel]'.
     otlp_endpoint: str = ""
-    service_name: str = Field("responses-router", min_length=1)
+    service_name: str = Field(default="responses-router", min_length=1)
     # The share of requests traced (a client's sampled traceparent is always followed).
-    sample_ratio: float = Field(1.0, ge=0, le=1)
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
 
 
 class Config(Section):

@@ -12,7 +12,7 @@ from router.config.base import FieldReference, Section
 
 
 class ManagedConfig(Section):
-    replicas: int = Field(1, ge=1, le=64)
+    replicas: int = Field(default=1, ge=1, le=64)
     # A port range [first, last]; replica i listens on first + i.
     port_range: Annotated[tuple[int, int], Strict(False)] = (18100, 18199)  # a TOML array: [first, last]
     # Command template; {port}, {host} and {model} are filled in. Empty: the engine's default.
@@ -23,8 +23,8 @@ class ManagedConfig(Section):
     gpus: list[int] = []
     # Per-worker log files go here (relative to the config file); empty: inherit the router's stderr.
     log_dir: str = ""
-    start_timeout_s: float = Field(120.0, gt=0)
-    stop_timeout_s: float = Field(10.0, gt=0)
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    stop_timeout_s: float = Field(default=10.0, gt=0)
     # The interpreter of the command's {python} (the engine's module runs on it); empty: the router's own.
     python: str = ""
     # Append the flags the pool's config implies (docs/configuration.md, "Managed pools"); unset: only to the
@@ -32,8 +32,8 @@ class ManagedConfig(Section):
     derive_flags: bool | None = None
     # The engine's parsers of the model's tool calls and reasoning (vLLM and SGLang --tool-call-parser,
     # --reasoning-parser; vLLM also gets --enable-auto-tool-choice).
-    tool_call_parser: str | None = Field(None, min_length=1)
-    reasoning_parser: str | None = Field(None, min_length=1)
+    tool_call_parser: str | None = Field(default=None, min_length=1)
+    reasoning_parser: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _ports(self) -> ManagedConfig:
@@ -81,33 +81,33 @@ class PoolConfig(Section):
     managed: ManagedConfig | None = None
     chat: ChatConfig = ChatConfig()
     # The model's context window; empty: read from the workers' /v1/models (max_model_len).
-    context_length: int | None = Field(None, gt=0)
+    context_length: int | None = Field(default=None, gt=0)
     # affinity: a continuation goes back to the worker that served its previous turn (its KV prefix),
     # a new conversation to a worker chosen by a hash of its prefix, unless that worker is down or
     # loaded above overload_factor x the pool's mean; then least load.
     policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity"] = "least_in_flight"
-    overload_factor: float = Field(1.5, ge=1)
-    health_interval_s: float = Field(2.0, gt=0)
+    overload_factor: float = Field(default=1.5, ge=1)
+    health_interval_s: float = Field(default=2.0, gt=0)
     # Read each worker's queue length from its /metrics with every health check, so that
     # least_load / power_of_two / affinity see requests waiting inside the engine.
     scrape_metrics: bool = False
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
     # Longest silence allowed between two reads of a worker's answer.
-    read_timeout_s: float = Field(300.0, gt=0)
+    read_timeout_s: float = Field(default=300.0, gt=0)
     # A streamed answer's first byte (its first token) must come this soon after the call
     # (prefill and the engine's queue included); None: only read_timeout_s applies.
-    first_byte_timeout_s: float | None = Field(60.0, gt=0)
+    first_byte_timeout_s: float | None = Field(default=60.0, gt=0)
     # A worker answer read whole, and one frame of a stream, are cut off past these sizes (502 /
     # failed): a broken or hostile worker cannot make the router buffer without end.
-    max_answer_bytes: int = Field(64 << 20, ge=1024)
-    max_frame_bytes: int = Field(8 << 20, ge=1024)
+    max_answer_bytes: int = Field(default=64 << 20, ge=1024)
+    max_frame_bytes: int = Field(default=8 << 20, ge=1024)
     # https workers: the CA bundle (PEM) their certificates are checked against (empty: the system's
     # trust store), and the router's own client certificate and key when the workers ask for one.
     # Relative to the config file. Every call to the pool's workers (model calls, health checks,
     # scrapes) uses them.
-    tls_ca_file: str | None = Field(None, min_length=1)
-    tls_cert_file: str | None = Field(None, min_length=1)
-    tls_key_file: str | None = Field(None, min_length=1)
+    tls_ca_file: str | None = Field(default=None, min_length=1)
+    tls_cert_file: str | None = Field(default=None, min_length=1)
+    tls_key_file: str | None = Field(default=None, min_length=1)
     # The pool honours service_tier: its engine schedules by request priority (a managed engine
     # is started so: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling).
     honor_service_tier: bool = False

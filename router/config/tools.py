@@ -22,23 +22,23 @@ class McpConfig(Section):
     # URL prefixes or hosts a request's server_url may name; nothing else is ever contacted.
     allow: list[str] = []
     servers: list[McpServerConfig] = []
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0)
 
 
 class WebSearchConfig(Section):
     # A SearXNG-style JSON search API: GET {url}?q=...&format=json.
     url: str = Field(min_length=1)
-    max_results: int = Field(5, ge=1, le=20)
-    timeout_s: float = Field(10.0, gt=0)
+    max_results: int = Field(default=5, ge=1, le=20)
+    timeout_s: float = Field(default=10.0, gt=0)
 
 
 class CodeInterpreterConfig(Section):
     # Scratch folders, one per container id (relative to the config file).
     root: str = "var/containers"
-    timeout_s: float = Field(10.0, gt=0)
-    memory_mb: int = Field(256, ge=32)
-    cpu_s: int = Field(10, ge=1)
-    tmp_mb: int = Field(64, ge=1)  # each run's private /tmp (a tmpfs, counted in its memory cgroup)
+    timeout_s: float = Field(default=10.0, gt=0)
+    memory_mb: int = Field(default=256, ge=32)
+    cpu_s: int = Field(default=10, ge=1)
+    tmp_mb: int = Field(default=64, ge=1)  # each run's private /tmp (a tmpfs, counted in its memory cgroup)
 
 
 class ToolsConfig(Section):
@@ -46,7 +46,7 @@ class ToolsConfig(Section):
     web_search: WebSearchConfig | None = None  # absent: web_search tools are echoed, not offered
     code_interpreter: CodeInterpreterConfig | None = None
     # Model turns one response may take while the router runs tools (protects the pools).
-    max_turns: int = Field(8, ge=1, le=64)
+    max_turns: int = Field(default=8, ge=1, le=64)
     # Non-public networks (CIDR) that pages a model opens and a request's MCP server_url may reach,
     # judged on the resolved address; empty: public addresses only. The search API and the MCP
     # servers named in config are the operator's choice and need no entry. Metadata addresses never.

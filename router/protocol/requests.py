@@ -50,10 +50,10 @@ class CreateResponse(BaseModel):
     instructions: str | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
-    max_tool_calls: int | None = Field(None, ge=1, le=INT64_MAX)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    max_tool_calls: int | None = Field(default=None, ge=1, le=INT64_MAX)
     metadata: Metadata = None
     store: Flag = True
     stream: Flag = False
@@ -66,7 +66,7 @@ class CreateResponse(BaseModel):
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -89,24 +89,24 @@ class CreateResponse(BaseModel):
     # (router/dialects/chat.py ENGINE_OPTIONS) and is a 400 naming it and the pool elsewhere
     # (router/turns/prepare.py); bounds as vLLM's request model has them. Measured (callgrind, validation and
     # check_supported of a plain create): these 20 fields with reasoning_events cost ~12.6k instructions, ~1.3% of a create.
-    seed: int | None = Field(None, ge=-2**63, le=INT64_MAX)
+    seed: int | None = Field(default=None, ge=-2**63, le=INT64_MAX)
     stop: str | list[str] | None = None
-    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    priority: int | None = Field(None, ge=-2**63, le=INT64_MAX)
-    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
-    request_id: str | None = Field(None, min_length=1, max_length=256)
-    session_id: str | None = Field(None, min_length=1, max_length=256)
+    priority: int | None = Field(default=None, ge=-2**63, le=INT64_MAX)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
     chat_template_kwargs: dict[str, Any] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = None
     ignore_eos: Flag = None
     skip_special_tokens: Flag = None
     include_stop_str_in_output: Flag = None
-    extra_key: str | None = Field(None, min_length=1, max_length=256)
+    extra_key: str | None = Field(default=None, min_length=1, max_length=256)
     vllm_xargs: dict[str, Any] | None = None
     # OpenAI's own services (UNSUPPORTED) are not fields: refused as unknown, by their own name. Every
     # field costs each create's validation (callgrind: ~0.5k instructions a field).
