@@ -75,20 +75,23 @@ class Retrier:
             if self.error is not None:
                 self._recovered()
             return result
+
+        async def attempt() -> T:
+            try:
+                return await fn(*args)
+            except Exception as exc:
+                if self.transient(exc):
+                    await self._failed(exc)
+                raise
+
+        retrying = AsyncRetrying(
+            stop=stop_before_delay(self.retry_s),
+            wait=wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=JITTER_S),
+            retry=retry_if_exception(self.transient),
+            reraise=True,
+        )
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_before_delay(self.retry_s),
-                wait=wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=JITTER_S),
-                retry=retry_if_exception(self.transient),
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        result = await fn(*args)
-                    except Exception as exc:
-                        if self.transient(exc):
-                            await self._failed(exc)
-                        raise
+            result = await retrying(attempt)  # the last attempt's result, or its error raised
         except Exception as exc:
             if not self.transient(exc):
                 raise
