@@ -362,7 +362,7 @@ def arm_report(metrics_text: str, baseline: str | None = None) -> str:
         base = model_arms[0]
         n = len(model_arms)
         out.append(f"model {model}: {n} arm{'s' if n != 1 else ''}" + (f", baseline {base.arm}" if n > 1 else ""))
-        rows = [list(HEADER)]
+        rows: list[list[str]] = [list(HEADER)]
         for s in model_arms:
             rows.append(_row(s))
             if s is not base:

@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m backends.si
 def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
     """The sim's command line, every option explained (``--help``)."""
     p = argparse.ArgumentParser(
-        prog=prog, description=__doc__.split("\n")[0] + " Markers in the last user message drive it "
+        prog=prog, description=(__doc__ or "").split("\n")[0] + " Markers in the last user message drive it "
         "([sim:tokens=N], [sim:status=CODE], [sim:hang], ...: docs/testing.md, 'The simulated worker').",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="whose HTTP API to speak")

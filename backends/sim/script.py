@@ -159,9 +159,12 @@ def read_options(body: dict) -> Options:
     raw = body.get("tool_choice") or "auto"
     fn = raw.get("function") if isinstance(raw, dict) else None
     named = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
-    if named is None and raw not in ("none", "auto", "required"):
+    if named is not None:
+        choice = "named"
+    elif raw in ("none", "auto", "required"):
+        choice = raw
+    else:
         raise SimError(400, f"Invalid 'tool_choice': {raw!r}.", "tool_choice")
-    choice = raw if named is None else "named"
     if choice in ("required", "named") and not tools:
         raise SimError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
     if named is not None and named not in tools:

@@ -111,7 +111,7 @@ class ConnectionGuard:
     def _sweep_expired(self) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        expired = [(conn, phase) for conn, (deadline, phase) in self.waiting.items() if deadline <= now]
+        expired: list[tuple[Guarded, Phase]] = [(conn, phase) for conn, (deadline, phase) in self.waiting.items() if deadline <= now]
         for conn, phase in expired:
             if self.waiting.pop(conn, None) is not None:
                 try:

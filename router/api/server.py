@@ -41,7 +41,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 import uvicorn
+from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -83,6 +85,10 @@ class RouterHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a HeadHoldingTransport, with hot routes."""
 
     limits = ConnectionLimits()  # the server's own, set by ``with_limits``
+    # uvicorn assigns these without declaring them: its parser is None only once the connection is
+    # lost, and its app is the config's loaded app, an ASGI 3 one by then (uvicorn wraps the others).
+    parser: httptools.HttpRequestParser
+    app: ASGI3Application
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[RouterHttpProtocol]:

@@ -87,6 +87,7 @@ def _engine_option(name: str, meaning: str, *, vllm: str | None = "", sglang: st
         if isinstance(note, Outcome):
             return note
         return _refused(name, note=f"not {engine}'s") if note is None else Outcome("effect", note=note)
+    on_harmony: dict[str, Outcome]
     if isinstance(harmony, str):
         on_harmony = dict.fromkeys(HARMONY, _refused(name, note=harmony))
     else:

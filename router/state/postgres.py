@@ -46,6 +46,7 @@ from typing import Any
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
 from router.state.common import UNFINISHED, check_page, decode_bodies, item_id
 from router.state.postgres_background import INSERT_ITEMS_SQL, PostgresBackground
@@ -355,7 +356,7 @@ class PostgresStore(PostgresConversations, PostgresBackground):
             raise StoreUnavailable(f"PostgreSQL did not answer within {PING_TIMEOUT_S:g} s") from exc
 
     @staticmethod
-    async def _migrate(conn: asyncpg.Connection) -> None:
+    async def _migrate(conn: PoolConnectionProxy) -> None:
         """Apply the missing migrations in one transaction, under the advisory lock."""
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
 from router.state.common import UNFINISHED, decode_bodies, encode_events, failed_body, item_id
 from router.state.retry import Retrier
@@ -169,7 +170,7 @@ class PostgresBackground:
             return ids
 
 
-async def _settled(conn: asyncpg.Connection, rid: str, settle: Settle | None) -> list[Any] | None:
+async def _settled(conn: PoolConnectionProxy, rid: str, settle: Settle | None) -> list[Any] | None:
     """``settle`` of the response's logged events, its output item rows replaced to match; None
     without events (or without ``settle``): the output stays as stored."""
     if settle is None:

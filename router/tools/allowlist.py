@@ -24,21 +24,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 from urllib.parse import unquote, urlsplit
+
+import httpcore2  # the MCP SDK's HTTP client (both are the router's own dependencies too)
+import httpx2
 
 from router.tools.netguard import AddressNotAllowed, NetGuard
 
-try:  # the MCP SDK's HTTP client; only the httpx2 helpers below need it
-    import httpcore2
-    import httpx2
-
-    _TransportBase: Any = httpx2.AsyncBaseTransport
-    _BackendBase: Any = httpcore2.AsyncNetworkBackend
-except ImportError:  # pragma: no cover
-    httpx2 = None  # type: ignore[assignment]
-    httpcore2 = None  # type: ignore[assignment]
-    _TransportBase = _BackendBase = object
+_TransportBase: Any = httpx2.AsyncBaseTransport
+_BackendBase: Any = httpcore2.AsyncNetworkBackend
 
 __all__ = [
     "AllowlistTransport",
@@ -222,7 +217,9 @@ class GuardedBackend(_BackendBase):
 
     def __init__(self, guard: NetGuard, inner: Any = None) -> None:
         self.guard = guard
-        self.inner = inner if inner is not None else httpcore2.AnyIOBackend()
+        # cast: httpcore2 also defines a stand-in AnyIOBackend (for when anyio is missing), and pyright reads that one.
+        self.inner: httpcore2.AsyncNetworkBackend = inner if inner is not None else cast(
+            "httpcore2.AsyncNetworkBackend", httpcore2.AnyIOBackend())
 
     async def connect_tcp(
         self,
