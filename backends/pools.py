@@ -25,6 +25,7 @@ from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from backends.errors import NoHealthyWorker
 from backends.worker import Worker
+from policies.affinity import Affinity
 from policies.balance import Balancer
 
 __all__ = ["NoHealthyWorker", "Pool"]
@@ -46,7 +47,7 @@ class Pool:
     health_interval_s: float = 2.0
     workers: list[Worker] = field(default_factory=list)
     max_model_len: int | None = None  # from config, else from the workers' /v1/models
-    affinity: Any = None  # a policies.affinity.Affinity, for pools whose policy is affinity
+    affinity: Affinity | None = None  # for pools whose policy is affinity
     scrape_metrics: bool = False  # read engines' queue lengths and KV usage into Worker with each health round
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count

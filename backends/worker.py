@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from backends.breaker import Breaker
+
+
+class Process(Protocol):
+    """A managed worker's process, as the launcher keeps it (backends/launcher.py ``ManagedWorker``)."""
+
+    restarts: int
+
+    def describe(self) -> dict[str, Any]: ...
+
 
 # What a completely full KV cache adds to a worker's load, in requests: under 1, a tie-breaker.
 KV_LOAD_WEIGHT = 0.5
@@ -27,7 +36,7 @@ class Worker:
     health_failures: int = 0  # consecutive failed health checks
     waiting: float = 0.0  # requests queued inside the engine, when its metrics are scraped
     kv_usage: float = 0.0  # the engine's KV cache usage, 0..1, when its metrics are scraped
-    process: Any = None  # the launcher's ManagedWorker, for managed pools
+    process: Process | None = None  # the launcher's ManagedWorker, for managed pools
     breaker: Breaker = field(default_factory=Breaker)  # failed calls through the worker's fault
     # Paths it answered 404/405/501 (an endpoint its engine build lacks, e.g. vLLM's /tokenize); forgotten
     # when it comes back after being seen down (it may have been upgraded).

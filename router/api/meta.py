@@ -12,13 +12,13 @@ from starlette.routing import Route
 from backends.pools import Pool
 from router.api.auth import Authenticator
 from router.api.http import Body, json_response
-from router.metrics import CONTENT_TYPE
+from router.metrics import CONTENT_TYPE, RouterMetrics
 from router.protocol.errors import NotFound, Unauthorized
 from router.state.store import Store, StoreUnavailable
 
 
 class MetaAPI:
-    def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator, metrics: Any = None,
+    def __init__(self, *, models: list[str], pools: list[Pool], auth: Authenticator, metrics: RouterMetrics,
                  admin_key: str = "", store: Store | None = None) -> None:
         self.store = store
         self.metrics = metrics

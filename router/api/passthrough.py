@@ -127,7 +127,7 @@ class _Done:
         self.metrics = metrics
         self.labels = labels
         self.start = time.perf_counter()
-        self.span: Any = None
+        self.span: object | None = None  # the worker call's trace span (router/telemetry.py)
 
     def __call__(self, status: int, usage: dict[str, Any] | None = None) -> None:
         if self.metrics is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from router.dialects.deltas import Delta, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, Usage
@@ -46,7 +46,7 @@ class Assembler:
     _pad = ""
 
     def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
-                 seal: Any = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
+                 seal: Callable[[str], str] | None = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
         self.response = response
         self.include = frozenset(include)  # the request's: what its events show of the items (the items keep all)
         self.ids = ids or ItemIds(response["id"])  # shared with whatever named the response's input items

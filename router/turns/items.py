@@ -7,7 +7,7 @@ or abandoned (a failed response keeps it as ``incomplete``, without done events)
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import orjson
@@ -169,7 +169,7 @@ class MessageItem(OpenItem):
 class ReasoningItem(OpenItem):
     """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
 
-    def __init__(self, sink: Sink, index: int, summaries: bool, seal: Any = None) -> None:
+    def __init__(self, sink: Sink, index: int, summaries: bool, seal: Callable[[str], str] | None = None) -> None:
         super().__init__(sink, index, {"id": sink.ids("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
         self._summaries = summaries
         self._seal = seal

@@ -13,11 +13,12 @@ from typing import Any
 from router.dialects.deltas import ReasoningText
 from router.dialects.turn import DialectTurn
 from router.turns.assembler import Assembler, Event
+from router.turns.meters import Timer
 
 __all__ = ["reader"]
 
 
-def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list[Event]], bool] | None,
+def reader(asm: Assembler, turn: DialectTurn, timer: Timer | None, direct: Callable[[list[Event]], bool] | None,
            held: list[list[Event]]) -> Callable[[list[Any]], bool]:
     """The step the pull and push readers of a turn share: one upstream read's decoded frames
     -> its events, counted as output tokens, written through ``direct`` at once when it takes
@@ -62,7 +63,7 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Any, direct: Callable[[list
     return on_batch
 
 
-def _general(asm: Assembler, decode: Callable[[Any], Any], timer: Any, direct: Callable[[list[Event]], bool] | None,
+def _general(asm: Assembler, decode: Callable[[Any], Any], timer: Timer | None, direct: Callable[[list[Event]], bool] | None,
              held: list[list[Event]]) -> Callable[[list[Any]], bool]:
     """``reader``'s step without the fast paths: every frame's deltas through ``Assembler.feed``."""
 
