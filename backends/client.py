@@ -28,7 +28,7 @@ from backends.errors import (
     WorkerStreamError,
     WorkerUnavailable,
 )
-from backends.wire import Connection, Wire, WireLimits, connect_failure
+from backends.wire import COMPLETE, Connection, Wire, WireLimits, connect_failure
 
 __all__ = ["RawAnswer", "SSEStream", "TLSError", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError",
            "WorkerStreamBroken", "WorkerStreamError", "WorkerUnavailable", "tls_context"]
@@ -265,7 +265,7 @@ class SSEStream:
         try:
             while True:
                 if not conn.chunks:
-                    if conn.complete:
+                    if conn.state == COMPLETE:
                         break
                     await conn.wait()
                     continue
@@ -326,7 +326,7 @@ class SSEStream:
                     raise self._error
                 if self._done:
                     return
-                if conn.complete and not conn.chunks:
+                if conn.state == COMPLETE and not conn.chunks:
                     break
                 await conn.wait()
         finally:

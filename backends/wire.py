@@ -56,6 +56,9 @@ MAX_IDLE = 512  # idle connections kept per worker
 # for which uvicorn, and so vLLM and SGLang, keep an idle connection open.
 IDLE_S = 4.0
 
+# ``Connection.state``: how far its request got, in order. Plain ints, not an Enum: two are compared per read.
+IDLE, SENT, RECEIVING, HEAD, BODY, DRAINING, COMPLETE = range(7)
+
 
 @dataclass(frozen=True)
 class WireLimits:
@@ -67,37 +70,44 @@ class WireLimits:
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection; serves one request at a time."""
+    """One keep-alive connection; serves one request at a time.
+
+    ``state`` moves forward only, while a request holds the connection; every transition is in this class:
+    IDLE       no request holds it: new, kept alive, or let go     send -> SENT
+    SENT       the request is written, nothing came back yet       bytes -> RECEIVING
+    RECEIVING  bytes came, the head is not whole yet               head -> HEAD
+    HEAD       the head is in: status, content type, length        body -> BODY; end -> COMPLETE
+    BODY       body bytes came (the first-byte timeout is met)     end -> COMPLETE; finish(drain) -> DRAINING
+    DRAINING   the reader is done ([DONE]); the rest comes unread  end -> COMPLETE, and it is finished
+    COMPLETE   the whole answer is in, the reader still holds it   finish -> IDLE
+    Letting go (``finish``, ``abort``) makes any state IDLE: kept alive after a complete answer, else closed.
+    Bytes on a connection nobody holds move nothing. A failure (a bad answer, a timeout, a head too large) sets
+    ``error`` and closes the socket, keeping the state: the reader reads what came before it, then lets go.
+    Kept apart, as each goes with any state: ``closed``, ``paused``, ``keep_alive`` (said where they are set).
+    """
 
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.closed = False
-        self.gen = 0  # which request owns the connection: a late finish() of an earlier one does nothing
-        self.active = False
-        self.draining = False
+        self.closed = False  # the socket is gone, in any state: a worker may close after a complete answer, still read
+        self.gen = 0  # which request holds the connection: a late finish() of an earlier one does nothing
+        self.state = IDLE
         self._begin()
 
     def _begin(self) -> None:
-        # Push mode (SSEStream.push): body bytes go to this callable from data_received, at once,
-        # instead of waking a reader task per read.
+        # Push mode (SSEStream.push): data_received hands body bytes to this at once, waking no reader task per read.
         self.sink: Callable[[bytes], None] | None = None
         self.status = 0
         self.content_type = "application/json"
         self.length = -1  # Content-Length, when the answer has one
-        self.got_body = False
         self.first_byte_by: float | None = None  # a stream's first body byte must come by then
         self.chunks: list[bytes] = []
         self.buffered = 0
-        self.complete = False
-        self.keep_alive = False
-        self.got_bytes = False
+        self.keep_alive = False  # the answer's own, as its status: set with COMPLETE, read by finish
         self.error: BaseException | None = None
-        self.paused = False
-        self.timed_out = False
-        self.headers_done = False
+        self.paused = False  # reading stopped (flow control: a slow reader), whatever the state
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.last_read = 0.0
@@ -108,13 +118,14 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a TCP connection's: an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
+        if self.state == SENT:
+            self.state = RECEIVING
         self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(WorkerStreamBroken(f"{self.pool.origin}: bad HTTP answer: {exc}"))
-            self.abort()
+            self._close()
             return
         sink = self.sink
         if sink is not None and self.chunks:
@@ -125,7 +136,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self.complete:
+        if self.state != IDLE and self.state != COMPLETE:
             self._fail(WorkerStreamBroken(f"{self.pool.origin}: the connection closed ({exc!r})"))
 
     def pause_writing(self) -> None:  # a request body bigger than the socket buffer: the kernel catches up
@@ -144,15 +155,17 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        self.headers_done = True
+        if SENT <= self.state < HEAD:
+            self.state = HEAD
         limit = self.pool.limits.max_answer_bytes
         if self.length > limit:
             self._fail(WorkerAnswerTooLarge(f"the answer's {self.length} bytes pass max_answer_bytes ({limit})"))
-            self.abort()
+            self._close()
         self.wake()
 
     def on_body(self, body: bytes) -> None:
-        self.got_body = True
+        if self.state == HEAD:
+            self.state = BODY
         self.chunks.append(body)
         if self.sink is not None:
             return  # data_received hands the read to the sink once the parser is done with it
@@ -162,10 +175,11 @@ class Connection(asyncio.Protocol):
         self.wake()
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        state = self.state
+        if state != IDLE:
+            self.state = COMPLETE
         self.keep_alive = self.parser.should_keep_alive()  # only valid inside the callback
-        if self.draining:
-            self.draining = False
+        if state == DRAINING:
             self.chunks = []
             self.finish(self.gen)
         self.wake()
@@ -175,7 +189,7 @@ class Connection(asyncio.Protocol):
     def send(self, data: bytes, first_byte_timeout_s: float | None = None) -> None:
         self._begin()
         self.gen += 1
-        self.active = True
+        self.state = SENT
         self.last_read = now = self.loop.time()
         due = now + self.pool.read_timeout_s
         if first_byte_timeout_s is not None:
@@ -187,25 +201,23 @@ class Connection(asyncio.Protocol):
 
     def _watch(self) -> None:
         """The read timeout, checked coarsely: one timer per request, re-armed, not one per read."""
-        if not self.active or self.complete or self.error is not None:
+        if self.state == IDLE or self.state == COMPLETE or self.error is not None:
             return
         now = self.loop.time()
         if self.paused:  # the reader is slow, not the worker
             self.last_read = now
         first_byte_by = self.first_byte_by
-        if first_byte_by is not None and self.got_body:
+        if first_byte_by is not None and self.state >= BODY:
             first_byte_by = self.first_byte_by = None
         if first_byte_by is not None and now >= first_byte_by:
-            self.timed_out = True
             waited = self.pool.limits.first_byte_timeout_s
             self._fail(WorkerTimedOut(f"no answer began within {waited:g} s (first_byte_timeout_s)"))
-            self.abort()
+            self._close()
             return
         idle = now - self.last_read
         if idle >= self.pool.read_timeout_s:
-            self.timed_out = True
             self._fail(WorkerTimedOut(f"no data for {self.pool.read_timeout_s:g} s (read_timeout_s)"))
-            self.abort()
+            self._close()
             return
         due = self.last_read + self.pool.read_timeout_s
         self._timer = self.loop.call_at(due if first_byte_by is None else min(due, first_byte_by), self._watch)
@@ -229,7 +241,7 @@ class Connection(asyncio.Protocol):
             raise self.error
         waiter = self._waiter = self.loop.create_future()
         await waiter
-        if self.error is not None and not self.chunks and not self.complete:
+        if self.error is not None and not self.chunks and self.state != COMPLETE:
             raise self.error
 
     def take(self) -> bytes:
@@ -255,12 +267,12 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     async def headers(self) -> None:
-        while not self.headers_done:
+        while self.state < HEAD:
             await self.wait()
 
     async def until_complete(self) -> None:
         """The whole answer is in (a body over the high-water mark is read on in ``read``)."""
-        while not self.complete and not self.paused:
+        while self.state != COMPLETE and not self.paused:
             await self.wait()
 
     async def read(self) -> bytes:
@@ -269,7 +281,7 @@ class Connection(asyncio.Protocol):
         parts: list[bytes] = []
         size, limit = 0, self.pool.limits.max_answer_bytes
         try:
-            while not self.complete:
+            while self.state != COMPLETE:
                 if self.paused:  # a body over the high-water mark: keep it here, let the socket go on
                     parts.append(self.take())
                     size += len(parts[-1])
@@ -294,7 +306,7 @@ class Connection(asyncio.Protocol):
             while True:
                 if self.chunks:
                     yield self.take()
-                elif self.complete:
+                elif self.state == COMPLETE:
                     break
                 else:
                     await self.wait()
@@ -305,23 +317,28 @@ class Connection(asyncio.Protocol):
         """Request ``gen`` is done with the connection: after a complete answer it is kept
         alive, anything else closes it. ``drain``: the reader saw the end of its stream
         (``[DONE]``) and the last bytes of the body may still be on their way."""
-        if gen != self.gen or not self.active or self.draining:
+        state = self.state
+        if gen != self.gen or state == IDLE or state == DRAINING:
             return
         self.sink = None
-        if drain and not self.complete and self.error is None and not self.closed:
-            self.draining = True  # on_message_complete finishes it; the watchdog still runs
+        if drain and state != COMPLETE and self.error is None and not self.closed:
+            self.state = DRAINING  # on_message_complete finishes it; the watchdog still runs
             return
-        self.active = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.complete and self.error is None and not self.closed and self.keep_alive:
+        if state == COMPLETE and self.error is None and not self.closed and self.keep_alive:
+            self.state = IDLE
             self.pool.put(self)
         else:
             self.abort()
 
     def abort(self) -> None:
-        self.active = self.draining = False
+        """Let go of the connection and close it."""
+        self.state = IDLE
+        self._close()
+
+    def _close(self) -> None:  # a failure's: the reader still holds the connection, in its state
         self.sink = None
         if self._timer is not None:
             self._timer.cancel()
@@ -456,8 +473,9 @@ class Wire:
         try:
             await (conn.until_complete() if whole else conn.headers())
         except WorkerStreamBroken as exc:
+            stale = reused and conn.state < RECEIVING and not isinstance(conn.error, WorkerTimedOut)
             conn.abort()
-            if reused and not conn.got_bytes and not conn.timed_out:
+            if stale:
                 pool.close_idle()  # closed by the worker while idle, or it restarted: so may the rest be
                 raise WorkerIdleClosed(f"{exc} (a kept-alive connection, with nothing back)") from None
             raise

@@ -150,7 +150,10 @@ def path(encoding: Any = None, cut: bool = True) -> SimpleNamespace:
     conn = Connection(SimpleNamespace(loop=asyncio.get_running_loop(), origin="http://worker",  # type: ignore[arg-type]
                                       limits=limits))
     conn.connection_made(Worker())  # type: ignore[arg-type]
-    conn.active = True
+    if hasattr(wire, "SENT"):
+        conn.state = wire.SENT  # the request is out
+    else:  # revisions before the connection's state
+        conn.active = True
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     req = CreateResponse(model="m", input="hi")
     tools = build_toolset([], "auto")
