@@ -32,8 +32,11 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-Space = Hashable  # (medium, group, lora), as backends/kv_events.py builds it
+# Where a block lives and what it was computed with: (medium, KV-cache group, LoRA adapter name).
+# A BlockRemoved names only the medium and the group, so the engine's hashes are handles within those.
+Space = tuple[str, int, str | None]
 DEFAULT_SPACE: Space = ("GPU", 0, None)
+Handle = tuple[str, int, Hashable]  # (medium, group, the engine's block hash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class Removed:
     """Blocks a worker evicted, by the engine's hashes."""
 
     hashes: Sequence[Hashable]
-    space: Space = DEFAULT_SPACE
+    space: Space = DEFAULT_SPACE  # its LoRA name is not read: a removal names medium and group only
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +95,8 @@ class KVIndex:
         # block key -> the workers holding it, each with how many of its handles name that key
         # (one, unless an engine stored the same content under two hashes)
         self._holders: dict[int, dict[str, int]] = {}
-        # worker -> (space, engine hash) -> (block key, when stored), each in the order stored
-        self._handles: dict[str, OrderedDict[tuple[Space, Hashable], tuple[int, int]]] = {}
+        # worker -> its handles -> (block key, when stored), each in the order stored
+        self._handles: dict[str, OrderedDict[Handle, tuple[int, int]]] = {}
         self._entries = 0
         self._stamp = 0  # counts puts: what "oldest" compares
         self._block_size: dict[Space, int] = {}
@@ -113,8 +116,9 @@ class KVIndex:
         if isinstance(event, Stored):
             self._stored(worker, event)
         elif isinstance(event, Removed):
+            medium, group = event.space[0], event.space[1]
             for handle in event.hashes:
-                self._drop(worker, (event.space, handle))
+                self._drop(worker, (medium, group, handle))
         else:
             self.forget(worker)
 
@@ -164,7 +168,7 @@ class KVIndex:
             start = root(event.space)
         else:
             handles = self._handles.get(worker)
-            parent = handles.get((event.space, event.parent)) if handles is not None else None
+            parent = handles.get((event.space[0], event.space[1], event.parent)) if handles is not None else None
             if parent is None:  # its parent was evicted here, or stored before we listened
                 self.orphans += len(hashes)
                 return
@@ -172,13 +176,15 @@ class KVIndex:
         self._block_size[event.space] = size
         keys = block_keys(event.token_ids, size, event.space, event.extra_keys, start=start)
         handles = self._handles.setdefault(worker, OrderedDict())
-        for handle, key in zip(hashes, keys, strict=True):
-            old = handles.pop((event.space, handle), None)
+        medium, group = event.space[0], event.space[1]
+        for engine_hash, key in zip(hashes, keys, strict=True):
+            handle = (medium, group, engine_hash)
+            old = handles.pop(handle, None)
             if old is not None:  # stored again: it moves to the newest end
                 self._release(worker, old[0])
                 self._entries -= 1
             self._stamp += 1
-            handles[(event.space, handle)] = (key, self._stamp)
+            handles[handle] = (key, self._stamp)
             holders = self._holders.setdefault(key, {})
             holders[worker] = holders.get(worker, 0) + 1
             self._entries += 1
@@ -192,7 +198,7 @@ class KVIndex:
         self._drop(worker, handle)
         self.evicted += 1
 
-    def _drop(self, worker: str, handle: tuple[Space, Hashable]) -> None:
+    def _drop(self, worker: str, handle: Handle) -> None:
         handles = self._handles.get(worker)
         entry = handles.pop(handle, None) if handles is not None else None
         if entry is not None:

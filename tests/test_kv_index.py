@@ -145,3 +145,11 @@ def test_the_index_agrees_with_a_model_of_whole_prefixes(operations: list[tuple[
         expected = {}
     assert index.overlap(prompt) == expected
     assert len(index) == sum(len(held) for held in model.values())
+
+
+def test_a_removal_names_medium_and_group_and_reaches_a_lora_block() -> None:
+    index = KVIndex()
+    lora = ("GPU", 0, "my-lora")
+    index.apply("a", blocks(PROMPT, 1, space=lora))
+    index.apply("a", Removed(hashes=[1]))  # vLLM's BlockRemoved carries no LoRA name
+    assert index.overlap(PROMPT, lora) == {} and len(index) == 3
