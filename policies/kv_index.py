@@ -119,8 +119,10 @@ class KVIndex:
             medium, group = event.space[0], event.space[1]
             for handle in event.hashes:
                 self._drop(worker, (medium, group, handle))
-        else:
+        elif isinstance(event, Cleared):
             self.forget(worker)
+        else:
+            raise TypeError(f"not a KV event: {type(event).__name__}")
 
     def apply_all(self, worker: str, events: Iterable[Event]) -> None:
         for event in events:
@@ -141,11 +143,14 @@ class KVIndex:
         size = self._block_size.get(space)
         if size is None:
             return {}
-        if keys is None:
-            keys = block_keys(token_ids, size, space)
         cached: dict[str, int] = {}
         alive: set[str] | None = None
-        for depth, key in enumerate(keys, 1):
+        key = root(space)
+        for depth in range(1, (len(token_ids) if keys is None else len(keys) * size) // size + 1):
+            if keys is None:  # made as far as they match: a miss costs one hash
+                key = hash((key, tuple(token_ids[(depth - 1) * size:depth * size]), None))
+            else:
+                key = keys[depth - 1]
             holders = self._holders.get(key)
             if not holders:
                 break
