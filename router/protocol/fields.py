@@ -10,8 +10,8 @@ harmony pools on vLLM's and SGLang's wires, one of:
 - ``echoed``: accepted and returned in the response, with no effect;
 - ``accepted``: accepted, with no effect, and not returned in the response either.
 
-An ``effect`` either is checked by ``tests/test_parity_fields.py`` through a real router, or names in
-``proof`` the test that shows it. ``tests/test_parity_fields.py`` fails when a field of the model has no
+An ``effect`` either is checked by ``tests/e2e/test_parity_fields.py`` through a real router, or names in
+``proof`` the test that shows it. ``tests/e2e/test_parity_fields.py`` fails when a field of the model has no
 row, and docs/api.md holds ``render_markdown()``'s table as it is.
 """
 
@@ -113,9 +113,9 @@ FIELDS: tuple[Field, ...] = (
     Field("conversation", "the conversation's items join the prompt; the response's items join the conversation",
           _all(EFFECT)),
     Field("temperature", "sampling temperature, sent to the engine (chat call or generate's sampling_params)",
-          _split(EFFECT, Outcome("effect", proof="tests/test_parity_fields.py::test_generate_body_carries_the_sampling_fields"))),
+          _split(EFFECT, Outcome("effect", proof="tests/e2e/test_parity_fields.py::test_generate_body_carries_the_sampling_fields"))),
     Field("top_p", "nucleus sampling, sent to the engine (chat call or generate's sampling_params)",
-          _split(EFFECT, Outcome("effect", proof="tests/test_parity_fields.py::test_generate_body_carries_the_sampling_fields"))),
+          _split(EFFECT, Outcome("effect", proof="tests/e2e/test_parity_fields.py::test_generate_body_carries_the_sampling_fields"))),
     Field("max_output_tokens", "caps the answer (status incomplete), clamped to the room the context leaves",
           _all(EFFECT)),
     Field("max_tool_calls", "caps the calls of router-run tools (mcp, web_search, code_interpreter) in one response",
@@ -138,7 +138,7 @@ FIELDS: tuple[Field, ...] = (
     Field("reasoning.effort", "how hard the model thinks, in the form the pool's template reads",
           _split(Outcome("effect", note="`reasoning_effort`"),
                  Outcome("effect", note="the system message's `Reasoning:`",
-                         proof="tests/test_harmony.py::test_reasoning_effort_and_date_defaults"))),
+                         proof="tests/unit/test_harmony.py::test_reasoning_effort_and_date_defaults"))),
     Field("reasoning.summary", "reasoning items also carry a summary part (the reasoning text)", _all(EFFECT)),
     Field("reasoning.generate_summary", "validated, returned in the response's `reasoning`; no effect here", _all(ECHOED)),
     Field("include: reasoning.encrypted_content", "reasoning items carry it, sealed, for a stateless next turn",
@@ -146,7 +146,7 @@ FIELDS: tuple[Field, ...] = (
     Field("include: message.output_text.logprobs", "output text carries the tokens' logprobs",
           _split(EFFECT, _refused("top_logprobs", note="harmony pools give no logprobs"))),
     Field("include: code_interpreter_call.outputs", "code_interpreter_call items show their outputs (else null)",
-          _all(Outcome("effect", proof="tests/test_e2e_tools.py::test_include_shows_tool_results_only_when_asked"))),
+          _all(Outcome("effect", proof="tests/e2e/test_e2e_tools.py::test_include_shows_tool_results_only_when_asked"))),
     Field("include: web_search_call.action.sources", "web_search_call items show their sources (also "
           "`web_search_call.results`)",
           _all(EFFECT)),
@@ -157,21 +157,21 @@ FIELDS: tuple[Field, ...] = (
           _all(_refused("include[0]"))),
     Field("truncation", "auto: the oldest turns leave a prompt that does not fit; disabled: a 400 "
           "context_length_exceeded then",
-          {CHAT_VLLM: Outcome("effect", proof="tests/test_e2e_parity.py::test_a_prompt_overflow_still_truncates"),
-           CHAT_SGLANG: Outcome("effect", proof="tests/test_e2e_parity.py::test_a_prompt_overflow_still_truncates"),
+          {CHAT_VLLM: Outcome("effect", proof="tests/e2e/test_e2e_parity.py::test_a_prompt_overflow_still_truncates"),
+           CHAT_SGLANG: Outcome("effect", proof="tests/e2e/test_e2e_parity.py::test_a_prompt_overflow_still_truncates"),
            HARMONY_VLLM: Outcome("effect", note="the router counts the tokens",
-                                 proof="tests/test_e2e_harmony_parity.py::test_truncation_auto_drops_the_oldest_turns"),
+                                 proof="tests/e2e/test_e2e_harmony_parity.py::test_truncation_auto_drops_the_oldest_turns"),
            HARMONY_SGLANG: Outcome("effect", note="the router counts the tokens",
-                                   proof="tests/test_e2e_harmony_parity.py::test_truncation_auto_drops_the_oldest_turns")}),
+                                   proof="tests/e2e/test_e2e_harmony_parity.py::test_truncation_auto_drops_the_oldest_turns")}),
     Field("top_logprobs", "the top alternatives of each output token",
           _split(EFFECT, _refused("top_logprobs", note="harmony pools give no logprobs"))),
     Field("user", "returned; the key that keeps a client on one arm of a multi-arm model",
-          _all(Outcome("effect", proof="tests/test_e2e_pools.py::test_weighted_arms_are_sticky_and_workers_affine"))),
+          _all(Outcome("effect", proof="tests/e2e/test_e2e_pools.py::test_weighted_arms_are_sticky_and_workers_affine"))),
     # No test sends safety_identifier to a multi-arm model: the proof is user's, the same key (turns/prepare.py).
     Field("safety_identifier", "returned; the arm key, before `user`",
-          _all(Outcome("effect", proof="tests/test_e2e_pools.py::test_weighted_arms_are_sticky_and_workers_affine"))),
+          _all(Outcome("effect", proof="tests/e2e/test_e2e_pools.py::test_weighted_arms_are_sticky_and_workers_affine"))),
     Field("prompt_cache_key", "returned; the arm key, and on `policy = \"affinity\"` pools one worker for a key",
-          _all(Outcome("effect", proof="tests/test_e2e_engine_extras.py::test_prompt_cache_key_keeps_requests_on_one_worker"))),
+          _all(Outcome("effect", proof="tests/e2e/test_e2e_engine_extras.py::test_prompt_cache_key_keeps_requests_on_one_worker"))),
     Field("prompt_cache_retention", "a hint for OpenAI's cache: returned as sent, no effect here", _all(ECHOED)),
     Field("service_tier", "returned as the tier that served it (`default` unless the pool has `honor_service_tier = true`, "
           "where priority/flex become the engine's request `priority` -1/1)",
@@ -211,7 +211,7 @@ FIELDS: tuple[Field, ...] = (
     _engine_option("include_stop_str_in_output", "the stop string kept in the text", sglang="no_stop_trim",
                    harmony=("`sampling_params.include_stop_str_in_output`; the router keeps it",
                             Outcome("effect", note="the router keeps it (`no_stop_trim` is always on)",
-                                    proof="tests/test_e2e_harmony_engine_options.py::test_stop_string_kept_when_asked"))),
+                                    proof="tests/e2e/test_e2e_harmony_engine_options.py::test_stop_string_kept_when_asked"))),
     _engine_option("extra_key", "SGLang's extra cache key", vllm=None, harmony=(None, "`extra_key`")),
     _engine_option("vllm_xargs", "vLLM's extra arguments", sglang=None, harmony=("`sampling_params.extra_args`", None)),
 )

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.pg import PgServer, pg_server  # noqa: F401 - the fixture
 from tests.procs import RouterProcess, sim_pool_toml, start_router
-from tests.streamrules import check_stream, text_of
+from tests.support.pg import PgServer, pg_server  # noqa: F401 - the fixture
+from tests.support.streamrules import check_stream, text_of
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,556 @@
+"""The lean worker client (backends/wire.py) against real sockets: keep-alive, failures, flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import web
+
+from backends import wire
+from backends.client import (
+    TLSError,
+    WorkerClient,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerStreamBroken,
+    WorkerStreamError,
+    WorkerUnavailable,
+    tls_context,
+)
+from backends.errors import WorkerIdleClosed
+from backends.wire import origin_key
+from tests.procs import free_port
+from tests.support.tls_certs import Pki, make_pki
+
+
+class Server:
+    """An aiohttp server that tells how many TCP connections its requests came on."""
+
+    def __init__(self, app: web.Application, tls: ssl.SSLContext | None = None) -> None:
+        self.app = app
+        self.tls = tls  # serve https with it
+        self.protocols: list[object] = []  # held, so no two connections share an id
+        app.middlewares.append(self._count)
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if not any(p is request.protocol for p in self.protocols):
+            self.protocols.append(request.protocol)
+        return await handler(request)
+
+    @property
+    def connections(self) -> int:
+        return len(self.protocols)
+
+    async def __aenter__(self) -> Server:
+        self.runner = web.AppRunner(self.app)
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=self.tls).start()
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+def _app() -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"got": await request.json()})
+
+    async def fail(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "nope"}}, status=503)
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n = (await request.json())["n"]
+        for i in range(n):
+            await resp.write(b'data: {"i": %d}\n\n' % i)
+            await asyncio.sleep(0)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def sse_error(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"i": 0}\n\ndata: {"error": {"message": "engine died"}}\n\n')
+        await resp.write_eof()
+        return resp
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"i": 0}\n\n')
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * (3 << 20), content_type="application/octet-stream")
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_post("/fail", fail)
+    app.router.add_post("/sse", sse)
+    app.router.add_post("/sse_error", sse_error)
+    app.router.add_post("/cut", cut)
+    app.router.add_post("/slow", slow)
+    app.router.add_post("/big", big)
+    return app
+
+
+async def _client(read_timeout_s: float = 5.0) -> WorkerClient:
+    client = WorkerClient(connect_timeout_s=1.0, read_timeout_s=read_timeout_s)
+    await client.start()
+    return client
+
+
+def _against_app(main: Callable[[Server, WorkerClient], Awaitable[None]], read_timeout_s: float = 5.0) -> None:
+    """Runs ``main`` with a fresh client against a fresh ``_app()`` server; closes both, also on failure."""
+    async def run() -> None:
+        async with Server(_app()) as server:
+            client = await _client(read_timeout_s=read_timeout_s)
+            try:
+                await main(server, client)
+            finally:
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        for i in range(20):
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        for n in (1, 5):
+            stream = await client.open_sse(server.url + "/sse", {"n": n})
+            got = [f["i"] async for batch in stream.batches() for f in batch]
+            assert got == list(range(n))
+        await asyncio.sleep(0.05)  # a stream's last chunk may come after [DONE]
+        assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+        assert server.connections == 1
+
+    _against_app(main)
+
+
+def test_concurrent_requests_each_get_a_connection() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        answers = await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+        assert answers == [{"got": {"i": i}} for i in range(16)]
+        assert 1 <= server.connections <= 16
+        before = server.connections
+        await asyncio.gather(*(client.post_json(server.url + "/echo", {"i": i}) for i in range(16)))
+        assert server.connections == before  # the idle ones were reused
+
+    _against_app(main)
+
+
+def test_error_status_and_error_frame() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerHTTPError) as info:
+            await client.post_json(server.url + "/fail", {})
+        assert info.value.status == 503 and info.value.message == "nope"
+        with pytest.raises(WorkerHTTPError) as info:
+            await client.open_sse(server.url + "/fail", {})
+        assert info.value.status == 503
+        stream = await client.open_sse(server.url + "/sse_error", {})
+        seen = []
+        with pytest.raises(WorkerStreamError, match="engine died"):
+            async for batch in stream.batches():
+                seen += batch
+        assert seen == [{"i": 0}]
+        assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
+
+    _against_app(main)
+
+
+def test_unreachable_worker_is_unavailable() -> None:
+    async def main() -> None:
+        client = await _client()
+        with pytest.raises(WorkerUnavailable):
+            await client.post_json(f"http://127.0.0.1:{free_port()}/echo", {})
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_cut_stream_and_read_timeout_are_broken() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/cut", {})
+        seen = []
+        with pytest.raises(WorkerStreamBroken):
+            async for batch in stream.batches():
+                seen += batch
+        assert seen == [{"i": 0}]
+        with pytest.raises(WorkerStreamBroken, match="no data"):
+            await client.post_json(server.url + "/slow", {})
+        assert await client.post_json(server.url + "/echo", {"b": 2}) == {"got": {"b": 2}}
+
+    _against_app(main, read_timeout_s=0.3)
+
+
+def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
+    """A keep-alive connection the worker dropped while idle: the request goes on a new one."""
+
+    async def main() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+            body = b'{"ok":true}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.close()  # keep-alive promised, then closed while idle
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await _client()
+        for _ in range(3):
+            assert await client.post_json(f"http://127.0.0.1:{port}/x", {}) == {"ok": True}
+            await asyncio.sleep(0.2)
+        assert len(accepted) == 3
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_kept_alive_connection_closed_with_nothing_back_is_said_and_the_idle_ones_go() -> None:
+    """The worker resets a kept-alive connection after reading the request (it crashed, or closed
+    it as idle as the request came): WorkerIdleClosed, not resent here (backends/calls.py counts
+    the attempt), and the worker's other idle connections are closed with it."""
+
+    async def main() -> None:
+        served = 0
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal served
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                served += 1
+                if served > 3:
+                    writer.transport.abort()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await _client()
+        url = f"http://127.0.0.1:{port}/x"
+        await asyncio.gather(*(client.post_json(url, {}) for _ in range(3)))  # three connections, kept
+        pool = client.wire._pools[("http", "127.0.0.1", port)]
+        assert len(pool.idle) == 3
+        with pytest.raises(WorkerIdleClosed, match="kept-alive"):
+            await client.post_json(url, {})
+        assert pool.idle == [] and served == 4
+        with pytest.raises(WorkerStreamBroken) as fresh:  # a new connection's reset is the worker's failure
+            await client.post_json(url, {})
+        assert not isinstance(fresh.value, WorkerIdleClosed)
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_idle_past_idle_s_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle connection is reused only within IDLE_S of its last answer, before the worker's own
+    keep-alive could close it under a request."""
+    monkeypatch.setattr(wire, "IDLE_S", 0.0)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        before = server.connections
+        for i in range(3):
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        assert server.connections == before + 3
+
+    _against_app(main)
+
+
+def test_late_close_of_a_finished_stream_does_not_touch_the_next_request() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 2})
+        assert [f["i"] async for b in stream.batches() for f in b] == [0, 1]
+        await asyncio.sleep(0.05)
+        pending = asyncio.ensure_future(client.post_json(server.url + "/echo", {"c": 3}))
+        await asyncio.sleep(0)
+        stream.close()  # the connection may now serve `pending`
+        assert await pending == {"got": {"c": 3}}
+        assert server.connections == 1
+
+    _against_app(main)
+
+
+def test_large_body_through_flow_control_and_relay() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        answer = await client.relay(server.url + "/big", b"{}")
+        assert answer.status == 200 and answer.content_type == "application/octet-stream"
+        total = 0
+        async for chunk in answer.chunks():
+            total += len(chunk)
+            await asyncio.sleep(0.001)  # a slow reader: the socket is paused, not buffered without bound
+        assert total == 3 << 20
+        answer = await client.relay(server.url + "/big", b"{}")
+        assert len(await answer.read()) == 3 << 20
+
+    _against_app(main)
+
+
+def test_abandoned_stream_closes_its_connection() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 1000})
+        batches = stream.batches()
+        first = await batches.__anext__()
+        assert first and first[0] == {"i": 0}
+        await batches.aclose()  # the reader went away mid-stream
+        assert await client.post_json(server.url + "/echo", {"d": 4}) == {"got": {"d": 4}}
+        assert server.connections == 2  # the half-read connection was not reused
+
+    _against_app(main)
+
+
+def test_connection_close_and_a_hung_worker() -> None:
+    """An answer with ``Connection: close`` is read whole and its connection is not reused; a worker
+    that accepts and never answers is a read timeout, never retried on a fresh connection."""
+
+    async def main() -> None:
+        accepted: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"POST /hang" in head:
+                await asyncio.sleep(5)
+                writer.close()
+                return
+            body = b'{"n":%d}' % len(accepted)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = await _client(read_timeout_s=0.3)
+        assert await client.post_json(base + "/x", {}) == {"n": 1}
+        assert await client.post_json(base + "/x", {}) == {"n": 2}  # a new connection each time
+        assert client.wire._pools[("http", "127.0.0.1", int(base.rsplit(":", 1)[1]))].idle == []
+        before = len(accepted)
+        with pytest.raises(WorkerStreamBroken, match="no data"):
+            await client.post_json(base + "/hang", {})
+        assert len(accepted) == before + 1  # the timed-out request was not sent again
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+async def _pushed(stream, refuse: set[int] = frozenset()) -> tuple[list[int], int, int]:  # type: ignore[assignment,no-untyped-def]
+    """Reads a stream in push mode; batches whose position is in ``refuse`` are refused (the consumer
+    backs up). Returns the frames' ``i`` in order, how many batches came and how many times push yielded."""
+    got: list[int] = []
+    calls = 0
+
+    def on_batch(batch: list[dict]) -> bool:
+        nonlocal calls
+        got.extend(f["i"] for f in batch)
+        calls += 1
+        return calls - 1 not in refuse
+
+    yields = 0
+    async for _ in stream.push(on_batch):
+        yields += 1
+    return got, calls, yields
+
+
+def test_push_mode_delivers_in_order_and_pauses_when_refused() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        got, _, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}))
+        assert got == list(range(50)) and yields == 0
+        refuse = {0, 2, 3}
+        got, batches, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}), refuse=refuse)
+        # each refusal: reading stopped until the consumer came back for more
+        assert got == list(range(50)) and yields == len(refuse & set(range(batches))) >= 1
+        await asyncio.sleep(0.05)
+        assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
+        assert server.connections == 1  # push mode keeps the connection alive like the pull mode
+
+    _against_app(main)
+
+
+def test_push_mode_failures_reach_the_consumer_task() -> None:
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse_error", {})
+        seen: list[dict] = []
+        with pytest.raises(WorkerStreamError, match="engine died"):
+            async for _ in stream.push(lambda batch: seen.extend(batch) is None):
+                pass
+        assert seen == [{"i": 0}]  # the frames before the error frame were delivered
+        stream = await client.open_sse(server.url + "/cut", {})
+        with pytest.raises(WorkerStreamBroken):
+            async for _ in stream.push(lambda batch: True):
+                pass
+
+        def bad(batch: list[dict]) -> bool:
+            raise ValueError("the dialect could not read a frame")
+
+        stream = await client.open_sse(server.url + "/sse", {"n": 20})
+        with pytest.raises(ValueError, match="could not read"):  # raised in this task, not in the loop's callback
+            async for _ in stream.push(bad):
+                pass
+        assert await client.post_json(server.url + "/echo", {"a": 1}) == {"got": {"a": 1}}
+
+    _against_app(main)
+
+
+def test_a_forgotten_worker_keeps_no_connection_open() -> None:
+    """Idle connections close at once; one busy with a stream closes when the stream ends."""
+    async def main(server: Server, client: WorkerClient) -> None:
+        stream = await client.open_sse(server.url + "/sse", {"n": 3})  # busy on one connection
+        for i in range(3):  # on a second one, idle between them
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        pool = client.wire._pools[("http", "127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
+        idle = list(pool.idle)
+        assert len(idle) == 1 and server.connections == 2
+        client.forget(server.url)
+        assert idle[0].closed or idle[0].transport.is_closing()
+        assert [f["i"] async for batch in stream.batches() for f in batch] == [0, 1, 2]
+        assert pool.idle == [] and not client.wire._pools
+        assert await client.post_json(server.url + "/echo", {"again": 1}) == {"got": {"again": 1}}
+        assert server.connections == 3  # a new connection: none of the old ones was kept
+
+    _against_app(main)
+
+
+# -- TLS -------------------------------------------------------------------------------------
+
+
+def _server_tls(pki: Pki, *, client_ca: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki.server_cert, pki.server_key)
+    if client_ca:  # the worker asks for the router's certificate
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(pki.ca)
+    return ctx
+
+
+def _against_tls(main: Callable[[Server, WorkerClient], Awaitable[None]], server_tls: ssl.SSLContext,
+                 client_tls: ssl.SSLContext) -> None:
+    async def run() -> None:
+        async with Server(_app(), tls=server_tls) as server:
+            client = WorkerClient(connect_timeout_s=2.0, read_timeout_s=5.0, tls=client_tls)
+            await client.start()
+            try:
+                await main(server, client)
+            finally:
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_https_workers_are_spoken_to_over_tls_with_keep_alive(tmp_path: Path) -> None:
+    """JSON, SSE, a relay and a health GET over TLS, the model calls on one kept-alive connection;
+    with the router's client certificate for a worker that asks for one."""
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        assert server.url.startswith("https://")
+        for i in range(5):
+            assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
+        stream = await client.open_sse(server.url + "/sse", {"n": 4})
+        assert [f["i"] async for batch in stream.batches() for f in batch] == [0, 1, 2, 3]
+        await asyncio.sleep(0.05)
+        answer = await client.relay(server.url + "/echo", b'{"raw": true}')
+        assert answer.status == 200 and orjson.loads(await answer.read()) == {"got": {"raw": True}}
+        with pytest.raises(WorkerHTTPError) as err:
+            await client.post_json(server.url + "/fail", {})
+        assert err.value.status == 503
+        models = server.connections
+        assert models == 1  # the wire's one connection, kept alive through all of it
+        status, _ = await client.get(server.url + "/missing")  # aiohttp, the same context
+        assert status == 404 and server.connections == 2
+        pool = client.wire._pools[("https", "127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
+        assert pool.tls is client.tls and pool.origin == server.url
+        client.forget(server.url)
+        assert not client.wire._pools
+
+    tls = tls_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
+    _against_tls(main, _server_tls(pki, client_ca=True), tls)
+
+
+def test_an_untrusted_worker_certificate_is_a_clear_unavailable(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerUnavailable, match=r"certificate is not trusted .*tls_ca_file") as err:
+            await client.post_json(server.url + "/echo", {})
+        assert server.url in str(err.value)
+        with pytest.raises(WorkerUnavailable, match="certificate is not trusted"):
+            await client.open_sse(server.url + "/sse", {"n": 1})
+        with pytest.raises(WorkerUnavailable, match="certificate is not trusted"):
+            await client.get(server.url + "/health")
+        assert server.connections == 0  # nothing was ever sent
+
+    _against_tls(main, _server_tls(pki), tls_context(str(pki.other_ca)))
+
+
+def test_a_worker_that_wants_a_client_certificate_refuses_a_router_without_one(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+
+    async def main(server: Server, client: WorkerClient) -> None:
+        with pytest.raises(WorkerError):
+            await client.post_json(server.url + "/echo", {})
+        assert server.connections == 0
+
+    _against_tls(main, _server_tls(pki, client_ca=True), tls_context(str(pki.ca)))
+
+
+def test_https_defaults_to_port_443_and_http_to_80() -> None:
+    assert origin_key("https://gpu-1.internal/v1/chat/completions") == ("https", "gpu-1.internal", 443)
+    assert origin_key("http://gpu-1.internal/v1/chat/completions") == ("http", "gpu-1.internal", 80)
+    assert origin_key("https://gpu-1.internal:8443") == ("https", "gpu-1.internal", 8443)
+
+
+def test_tls_files_that_cannot_work_name_their_setting(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    cases = [
+        ((str(tmp_path / "nope.pem"), None, None), "tls_ca_file", "cannot read"),
+        ((str(pki.client_key), None, None), "tls_ca_file", "no PEM certificate"),
+        ((str(pki.ca), str(pki.client_cert), str(pki.server_key)), "tls_cert_file", "does not match"),
+        ((str(pki.ca), str(pki.client_cert), str(tmp_path / "nokey.pem")), "tls_key_file", "cannot read"),
+        ((str(pki.ca), str(tmp_path / "nocert.pem"), None), "tls_cert_file", "cannot read"),
+    ]
+    from cryptography.hazmat.primitives import serialization
+
+    key_pem = serialization.load_pem_private_key(pki.client_key.read_bytes(), None)
+    encrypted = tmp_path / "encrypted-key.pem"
+    encrypted.write_bytes(key_pem.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.BestAvailableEncryption(b"secret")))
+    # OpenSSL would prompt on the terminal for the passphrase, and start-up would hang there.
+    cases.append(((str(pki.ca), str(pki.client_cert), str(encrypted)), "tls_key_file", "the key is encrypted"))
+    for args, key, words in cases:
+        with pytest.raises(TLSError, match=words) as err:
+            tls_context(*args)
+        assert err.value.key == key, (args, err.value)
+    assert tls_context(str(pki.ca), str(pki.client_cert), str(pki.client_key)).verify_mode == ssl.CERT_REQUIRED
+    assert tls_context().check_hostname
