@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import procs  # noqa: E402
+from harness.sim import MODEL  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 POLICIES = ("round_robin", "affinity")
@@ -55,17 +57,17 @@ def _text(conv: int, turn: int, words: int) -> str:
 
 def router_toml(port: int, urls: list[str], policy: str) -> str:
     """bench/procs.py's router config with the pool's policy set."""
-    cfg = procs.router_config(port=port, sim_urls=urls, db_path=f"responses-{port}.db")
+    cfg = harness.router_config(port=port, sim_urls=urls, db_path=f"responses-{port}.db")
     return cfg.replace('engine = "sim"\n', f'engine = "sim"\npolicy = "{policy}"\n', 1)
 
 
-def start_router(workdir: Path, urls: list[str], policy: str, cpus: list[int] | None) -> procs.Proc:
-    port = procs.free_port()
+def start_router(workdir: Path, urls: list[str], policy: str, cpus: list[int] | None) -> harness.Proc:
+    port = harness.kernel_port()
     cfg = workdir / f"router-{port}.toml"
     cfg.write_text(router_toml(port, urls, policy))
     log_path = workdir / f"router-{port}.log"
     argv = [sys.executable, "-m", "router", "--config", str(cfg)]
-    proc = procs.Proc("router", procs._spawn("router", argv, log_path, cpus), port, log_path)
+    proc = harness.Proc("router", harness.spawn_in(harness.ROOT, argv, log_path, cpus), port, log_path)
     proc.wait_healthy()
     return proc
 
@@ -77,7 +79,7 @@ async def _conversation(client: Any, s: Settings, conv: int, out: dict[str, list
         started = time.perf_counter()
         first = None
         stream = await client.responses.create(
-            model=procs.MODEL, instructions=instructions, previous_response_id=previous, stream=True,
+            model=MODEL, instructions=instructions, previous_response_id=previous, stream=True,
             input=f"turn {turn}: {_text(conv, turn + 1, s.input_words)} [sim:tokens={s.answer_tokens}]")
         async for event in stream:
             if event.type == "response.output_text.delta" and first is None:
@@ -103,7 +105,7 @@ async def _drive(base_url: str, s: Settings) -> dict[str, Any]:
     gate = asyncio.Semaphore(s.concurrency)
     async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
         for _ in range(s.workers):
-            await client.responses.create(model=procs.MODEL, input="warm up [sim:tokens=1]", store=False)
+            await client.responses.create(model=MODEL, input="warm up [sim:tokens=1]", store=False)
 
         async def one(conv: int) -> None:
             async with gate:
@@ -118,7 +120,7 @@ def run_policy(policy: str, s: Settings, workdir: Path, cpus: list[int] | None =
     """One policy on fresh (cold) workers."""
     extra = ["--kv-cache-blocks", str(s.kv_cache_blocks), "--prefill-us-per-token", str(s.prefill_us_per_token),
              "--ttft-ms", str(s.ttft_ms)]
-    sims = [procs.start_sim(workdir, cpus=cpus, itl_ms=s.itl_ms, extra=extra) for _ in range(s.workers)]
+    sims = [harness.start_sim(workdir, cpus=cpus, itl_ms=s.itl_ms, extra=extra) for _ in range(s.workers)]
     try:
         router = start_router(workdir, [p.url for p in sims], policy, cpus)
         try:

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import procs  # noqa: E402
 
 PROMPT = "Write a short story about a dragon who learns to cook."
@@ -63,7 +64,7 @@ def _engine_cpu() -> list[str]:
 
 
 def router_toml(port: int, prepared: Any, model: Path) -> str:
-    first = procs.free_port()
+    first = harness.kernel_port()
     cache = Path(prepared.cache) / "vllm-runtime"
     env = {**prepared.engine_env(), "VLLM_CACHE_ROOT": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
     command = [*_engine_cpu(), str(prepared.python), "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
@@ -153,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="engine-latency-") as tmp:
         workdir = Path(tmp)
-        port = procs.free_port()
+        port = harness.kernel_port()
         cfg = workdir / "router.toml"
         cfg.write_text(router_toml(port, prepared, model))
         log_path = workdir / "router.log"
         started = time.monotonic()
-        router = procs.Proc("router", procs._spawn("router", [sys.executable, "-m", "router", "--config", str(cfg)],
+        router = harness.Proc("router", harness.spawn_in(harness.ROOT, [sys.executable, "-m", "router", "--config", str(cfg)],
                                                    log_path, None), port, log_path)
         try:
             router.wait_healthy(timeout_s=330)

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import procs  # noqa: E402
 from bench.scenarios import chat_body, responses_body  # noqa: E402
 
@@ -62,7 +63,7 @@ def callgrind(argv: list[str], cwd: Path, out: Path, log: Path) -> subprocess.Po
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 600.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while procs.http_status(url + "/health", timeout=5.0) != 200:
+    while harness.http_status(url + "/health", timeout=5.0) != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"not up under callgrind:\n{log.read_text(errors='replace')[-3000:]}")
@@ -72,10 +73,10 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
 def count(proc: subprocess.Popen[bytes], out: Path, url: str, path: str, bodies: list[bytes], warmup: int) -> int:
     """Instructions spent serving ``bodies`` one after another (after ``warmup`` requests of the first)."""
     for _ in range(warmup):
-        procs.http_post(url + path, bodies[0], timeout=120)
+        harness.http_post(url + path, bodies[0], timeout=120)
     subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
     for body in bodies:
-        status, answer = procs.http_post(url + path, body, timeout=120)
+        status, answer = harness.http_post(url + path, body, timeout=120)
         if status != 200:
             raise RuntimeError(f"{path} answered {status}: {answer[:300]!r}")
     dumps_before = set(out.parent.glob(out.name + ".*"))
@@ -91,11 +92,11 @@ def count(proc: subprocess.Popen[bytes], out: Path, url: str, path: str, bodies:
     raise RuntimeError("callgrind wrote no dump")
 
 
-def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_streams: int,
+def measure_router(src: Path, sim: harness.Proc, work: Path, n_requests: int, n_streams: int,
                    harmony_vocab: str | None = None) -> dict[str, float]:
-    port = procs.free_port()
+    port = harness.kernel_port()
     cfg = work / f"router-{port}.toml"
-    cfg.write_text(procs.router_config(port=port, sim_urls=[sim.url], db_path=str(work / f"r-{port}.db"),
+    cfg.write_text(harness.router_config(port=port, sim_urls=[sim.url], db_path=str(work / f"r-{port}.db"),
                                        harmony_vocab=harmony_vocab))
     out, log = work / f"router-{port}.cg", work / f"router-{port}.log"
     proc = callgrind([sys.executable, "-m", "router", "--config", str(cfg)], src, out, log)
@@ -115,8 +116,8 @@ def measure_router(src: Path, sim: procs.Proc, work: Path, n_requests: int, n_st
             "stream": streamed / (n_streams * STREAM_TOKENS)}
 
 
-def measure_relay(sim: procs.Proc, work: Path, n_streams: int) -> float:
-    port = procs.free_port()
+def measure_relay(sim: harness.Proc, work: Path, n_streams: int) -> float:
+    port = harness.kernel_port()
     out, log = work / f"relay-{port}.cg", work / f"relay-{port}.log"
     argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--upstream-port", str(sim.port)]
     proc = callgrind(argv, ROOT, out, log)
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.harmony:
         from router.dialects.harmony_vocab import ensure_vocab
         vocab = str(ensure_vocab(Path.home() / ".cache" / "responses-router" / "harmony").parent)
-    sim = procs.start_sim(work, cpus=None, extra=procs.harmony_sim_args(vocab) if vocab else ())
+    sim = harness.start_sim(work, cpus=None, extra=harness.harmony_sim_args(vocab) if vocab else ())
     try:
         rows = {"working tree": measure_router(ROOT, sim, work, args.requests, args.streams, vocab)}
         if args.baseline:

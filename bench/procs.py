@@ -1,8 +1,8 @@
-"""Start and stop the benchmark's processes (sim workers, the router) and read /proc.
+"""The benchmark's own process tools: /proc readers, CPU pinning, the machine's description,
+a committed tree to run, and the byte relay in front of a sim.
 
-Everything here is plain subprocess + /proc: the processes are started the
-way users start them (``python -m backends.sim``, ``python -m router``), each
-optionally pinned to a set of CPUs before it execs.
+The router and sim processes themselves are started by the harness (harness/: ``start_sim``,
+``start_router_for``), the way users start them, each optionally pinned to a set of CPUs.
 """
 
 from __future__ import annotations
@@ -10,27 +10,15 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, Proc, kernel_port, spawn_in
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-MODEL = "sim-model"  # served by the sim AND the router's public name, so one body fits both
-
-
-def free_port() -> int:
-    """A free TCP port on loopback (racy, as always; good enough on a quiet machine)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def can_pin() -> bool:
@@ -143,75 +131,6 @@ def machine_info() -> dict[str, str]:
 # ---------------------------------------------------------------- processes
 
 
-def http_status(url: str, timeout: float = 1.0) -> int | None:
-    """The status of a GET, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return None
-
-
-def http_post(url: str, body: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
-    """One JSON POST; (status, body), status 0 when nothing answers."""
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
-    except OSError:
-        return 0, b""
-
-
-@dataclass
-class Proc:
-    """A started server process: its name, Popen, base URL and log file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def wait_healthy(self, timeout_s: float = 60.0) -> None:
-        """Poll GET /health until 200; raise with the log tail if the process dies or times out."""
-        deadline = time.monotonic() + timeout_s
-        while http_status(self.url + "/health") != 200:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.name} not healthy after {timeout_s} s:\n{self.log_tail()}")
-            time.sleep(0.05)
-
-    def stop(self, timeout_s: float = 20.0) -> int:
-        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return int(self.popen.returncode)
-
-
 def export_rev(rev: str, dest: Path) -> Path:
     """The tree of git revision ``rev`` unpacked into ``dest`` (``git archive``: read-only, no git state changes).
 
@@ -222,91 +141,11 @@ def export_rev(rev: str, dest: Path) -> Path:
     return dest
 
 
-def _spawn(name: str, argv: list[str], log_path: Path, cpus: Sequence[int] | None,
-           src: Path = ROOT) -> subprocess.Popen[bytes]:
-    """Popen in ``src`` (its packages shadow the editable install) with stdout+stderr to
-    ``log_path``, pinned to ``cpus`` before exec (when given)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    pin = set(cpus) if cpus else None
-
-    def preexec() -> None:
-        if pin:
-            os.sched_setaffinity(0, pin)
-
-    return subprocess.Popen(
-        argv, cwd=src, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(src)}, preexec_fn=preexec if pin else None,
-    )
-
-
-def harmony_sim_args(vocab_dir: str) -> list[str]:
-    """A sim speaking vLLM's generate API with gpt-oss's harmony tokens (for ``router_config(harmony_vocab=...)``)."""
-    return ["--engine", "vllm", "--dialect", "harmony", "--harmony-vocab-dir", vocab_dir, "--max-model-len", "8192"]
-
-
-def start_sim(workdir: Path, *, cpus: Sequence[int] | None, itl_ms: float = 0.0,
-              max_concurrency: int = 2000, extra: Sequence[str] = (), src: Path = ROOT) -> Proc:
-    """A sim worker in zero-latency mode (unless ``itl_ms``), healthy on return."""
-    port = free_port()
-    argv = [sys.executable, "-m", "backends.sim", "--port", str(port), "--model", MODEL,
-            "--max-concurrency", str(max_concurrency)]
-    if itl_ms:
-        argv += ["--itl-ms", str(itl_ms)]
-    argv += list(extra)
-    log_path = workdir / f"sim-{port}.log"
-    proc = Proc("sim", _spawn("sim", argv, log_path, cpus, src), port, log_path)
-    proc.wait_healthy()
-    return proc
-
-
-def router_config(*, port: int, sim_urls: Sequence[str], db_path: str = "responses.db",
-                  harmony_vocab: str | None = None) -> str:
-    """A router TOML: one external sim pool, the public model named like the sim's, SQLite store.
-
-    With ``harmony_vocab`` (the vocabulary's folder) the pool is a harmony one on vLLM's
-    generate API, for sims started with ``HARMONY_SIM_ARGS``."""
-    urls = ", ".join(f'"{u}"' for u in sim_urls)
-    harmony = (f'[harmony]\nvocab_dir = "{harmony_vocab}"\n\n' if harmony_vocab else "")
-    pool = ('engine = "vllm"\ndialect = "harmony"\ncontext_length = 8192' if harmony_vocab else 'engine = "sim"')
-    return f"""[server]
-port = {port}
-log_level = "warning"
-
-[store]
-path = "{db_path}"
-
-{harmony}[[pools]]
-name = "sim"
-{pool}
-model = "{MODEL}"
-urls = [{urls}]
-
-[[models]]
-name = "{MODEL}"
-pool = "sim"
-"""
-
-
-def start_router(workdir: Path, sim_urls: Sequence[str], *, cpus: Sequence[int] | None, src: Path = ROOT,
-                 harmony_vocab: str | None = None) -> Proc:
-    """``python -m router --config cfg.toml`` on a free port, healthy on return (see ``router_config``)."""
-    port = free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = workdir / f"router-{port}.toml"
-    cfg.write_text(router_config(port=port, sim_urls=sim_urls, db_path=f"responses-{port}.db",
-                                 harmony_vocab=harmony_vocab))
-    log_path = workdir / f"router-{port}.log"
-    argv = [sys.executable, "-m", "router", "--config", str(cfg)]
-    proc = Proc("router", _spawn("router", argv, log_path, cpus, src), port, log_path)
-    proc.wait_healthy()
-    return proc
-
-
 def start_relay(workdir: Path, sim: Proc, *, cpus: Sequence[int] | None, src: Path = ROOT) -> Proc:
     """``bench/relay.py`` in front of ``sim``: the floor for streamed tokens (a byte relay, nothing parsed)."""
-    port = free_port()
+    port = kernel_port()
     log_path = workdir / f"relay-{port}.log"
     argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--upstream-port", str(sim.port)]
-    proc = Proc("relay", _spawn("relay", argv, log_path, cpus, ROOT), port, log_path)
+    proc = Proc("relay", spawn_in(ROOT, argv, log_path, cpus), port, log_path)
     proc.wait_healthy()  # the sim's /health, through the relay
     return proc

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import procs, scenarios  # noqa: E402
 from bench.load import Job  # noqa: E402
 from bench.run import choose_layout  # noqa: E402
@@ -210,9 +211,9 @@ def summarize(samples: list[tuple[str, list[Frame], int]], us_per_unit: float, u
 def profile_one(name: str, job: Job, unit_of: Any, layout: Any, src: Path, workdir: Path,
                 rate: int, split_threads: bool, gil: bool) -> tuple[str, dict[str, Any]]:
     """Fresh sim + router, py-spy on the router while ``job`` runs; the markdown summary and the load result."""
-    sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
+    sim = harness.start_sim(workdir, cpus=layout.sim, src=src)
     try:
-        router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+        router = harness.start_router_for(workdir, [sim.url], cpus=layout.router, src=src)
         try:
             if split_threads and procs.can_pin():
                 # the event-loop thread alone on CPU 0; the store thread, sim and load generator on
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = choose_layout(args.layout)
     procs.raise_nofile(8192)
     workdir = Path(tempfile.mkdtemp(prefix="responses-router-profile-"))
-    src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
+    src = procs.export_rev(args.rev, workdir / "src") if args.rev else harness.ROOT
     s = scenarios.Settings()
     jobs = [
         (f"nonstream-c{args.concurrency}", Job(kind="closed", port=0, path="/v1/responses",

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import affinity, procs, report, scenarios  # noqa: E402
 from bench.scenarios import Layout, Settings  # noqa: E402
 
@@ -96,9 +97,9 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
     """Phases A, B, C (those ``items`` need); every process stopped on the way out."""
     res: dict[str, Any] = {}
     if items & {"1", "2", "3"}:
-        sim = procs.start_sim(workdir, cpus=layout.sim, src=src)
+        sim = harness.start_sim(workdir, cpus=layout.sim, src=src)
         try:
-            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+            router = harness.start_router_for(workdir, [sim.url], cpus=layout.router, src=src)
             try:
                 if items & {"1", "2"}:
                     _step("direct chat completions to the sim (baseline), c=1 and c=32")
@@ -134,9 +135,9 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
             continue
         _step(f"item 4 ({key}): {s.open_streams} concurrent streams of {tokens} tokens at {itl} ms/token "
               "(fresh sim and router)")
-        sim = procs.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
+        sim = harness.start_sim(workdir, cpus=layout.sim, src=src, max_concurrency=max(2000, s.open_streams * 2))
         try:
-            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src)
+            router = harness.start_router_for(workdir, [sim.url], cpus=layout.router, src=src)
             try:
                 res[key] = scenarios.open_streams(router, sim, s, layout, tokens=tokens, itl_ms=itl, ramp_s=ramp)
                 res[key]["router_log"] = router.log_tail(5)
@@ -149,9 +150,9 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
         _step("item 8: items 2 and 3 on a harmony (gpt-oss) pool: a sim speaking vLLM's generate API")
         from router.dialects.harmony_vocab import ensure_vocab
         vocab = str(ensure_vocab(Path.home() / ".cache" / "responses-router" / "harmony").parent)
-        sim = procs.start_sim(workdir, cpus=layout.sim, src=src, extra=procs.harmony_sim_args(vocab))
+        sim = harness.start_sim(workdir, cpus=layout.sim, src=src, extra=harness.harmony_sim_args(vocab))
         try:
-            router = procs.start_router(workdir, [sim.url], cpus=layout.router, src=src, harmony_vocab=vocab)
+            router = harness.start_router_for(workdir, [sim.url], cpus=layout.router, src=src, harmony_vocab=vocab)
             try:
                 res["harmony_responses"] = scenarios.responses_nonstream(router, sim, s, layout)
                 res["harmony_streaming"] = scenarios.streaming_cpu(router, sim, s, layout, harmony=True)
@@ -162,7 +163,7 @@ def run_all(s: Settings, layout: Layout, src: Path, workdir: Path, items: set[st
 
     if "5" in items:
         _step("item 5: chain load (bench/chain_load.py)")
-        if src != procs.ROOT and str(src) not in sys.path:
+        if src != harness.ROOT and str(src) not in sys.path:
             sys.path.insert(0, str(src))  # chain_load imports the store in this process: the same code as above
         res["chain"] = scenarios.chain_load()
     if "7" in items:
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="responses-router-bench-"))
     load_before = procs.loadavg()
     t0 = _step(f"work folder {workdir}; {layout.describe()}; RLIMIT_NOFILE {nofile}; load average {load_before}")
-    src = procs.export_rev(args.rev, workdir / "src") if args.rev else procs.ROOT
+    src = procs.export_rev(args.rev, workdir / "src") if args.rev else harness.ROOT
     source = describe_source(args.rev)
     ok = False
     try:

@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 from bench.load import Job
-from bench.procs import MODEL, ROOT, Proc, http_post
+from harness import ROOT, Proc, http_post
+from harness.sim import MODEL
 
 BENCH = Path(__file__).resolve().parent
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from bench import procs  # noqa: E402
 
 HALF_HEAD = b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Ty"
@@ -48,8 +49,8 @@ def main() -> int:
     args = p.parse_args()
     limit = procs.raise_nofile(args.connections + 1024)
     work = Path(tempfile.mkdtemp(prefix="rr-stalled-"))
-    sim = procs.start_sim(work, cpus=None)
-    router = procs.start_router(work, [f"http://127.0.0.1:{sim.port}"], cpus=None)
+    sim = harness.start_sim(work, cpus=None)
+    router = harness.start_router_for(work, [f"http://127.0.0.1:{sim.port}"], cpus=None)
     stalled: list[socket.socket] = []
     refused = 0
     try:

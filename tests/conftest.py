@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 
 MODEL = "sim-chat"
 # A pool whose model writes <think> tags and whose engine takes reasoning back.

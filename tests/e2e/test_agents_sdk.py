@@ -8,8 +8,8 @@ import openai
 import pytest
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
 
+from harness import RouterProcess
 from tests.conftest import MODEL
-from tests.procs import RouterProcess
 
 pytestmark = pytest.mark.e2e
 

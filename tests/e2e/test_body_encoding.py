@@ -22,10 +22,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from harness import RouterProcess
 from router.api.http import content_encodings, decode_body, error_response, read_body
 from router.protocol.errors import APIError
 from tests.conftest import MODEL
-from tests.procs import RouterProcess
 
 LIMIT = 64 * 1024
 BODY = orjson.dumps({"model": "m", "input": [{"role": "user", "content": "words " * 2000}]})

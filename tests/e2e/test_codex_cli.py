@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 from tests.support.codex_env import (
     API_KEY,
     CodexRun,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, free_port, free_range
+from harness import ROOT, free_port, free_range
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 from websockets.sync.client import connect
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

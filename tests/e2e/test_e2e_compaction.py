@@ -13,10 +13,10 @@ import httpx
 import openai
 import pytest
 
+from harness import RouterProcess, sim_pool_toml, start_router
 from router.protocol.sealing import SUMMARY_PREFIX
 from router.turns.compaction import SUMMARY_PROMPT
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.support.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from harness import RouterProcess, sim_engine_pool_toml, start_router
 from router.turns.compaction import SUMMARY_MAX_OUTPUT_TOKENS
-from tests.procs import RouterProcess, sim_engine_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.procs import ROOT, RouterProcess, free_port, http_status, start_router
+from harness import ROOT, RouterProcess, free_port, http_status, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
+from harness import RouterProcess
 from tests.conftest import MODEL
 from tests.e2e.test_e2e_state import running_on_workers
-from tests.procs import RouterProcess
 
 pytestmark = pytest.mark.e2e
 

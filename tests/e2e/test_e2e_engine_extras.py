@@ -25,8 +25,8 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from harness import RouterProcess, engine_pool_toml, sim_pool_toml, start_router
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import RouterProcess, engine_pool_toml, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
+from harness import RouterProcess, free_port, sim_pool_toml, start_router
 from tests.conftest import MODEL
-from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
 from tests.support.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.procs import ROOT, RouterProcess, free_port, http_status, start_router
+from harness import ROOT, RouterProcess, free_port, http_status, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.procs import RouterProcess, sim_engine_pool_toml, start_router
+from harness import RouterProcess, sim_engine_pool_toml, start_router
 from tests.support.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +34,7 @@ def harmony_pool(name: str, engine: str, vocab: Path, *, incremental: bool = Fal
 
 @pytest.fixture(scope="module")
 def harmony_router(tmp_path_factory: pytest.TempPathFactory, harmony_vocab: Path) -> Iterator[RouterProcess]:
-    from tests.procs import sim_pool_toml
+    from harness import sim_pool_toml
 
     body = (
         f'[harmony]\nvocab_dir = "{harmony_vocab}"\n'

@@ -23,9 +23,9 @@ from typing import Any
 import openai
 import pytest
 
+from harness import RouterProcess, start_router
 from router.dialects.engine_options import GENERATE_OPTIONS
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import RouterProcess, start_router
 
 pytestmark = pytest.mark.e2e
 

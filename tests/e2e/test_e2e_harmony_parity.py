@@ -14,8 +14,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from harness import RouterProcess, start_router
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import RouterProcess, start_router
 from tests.support.fake_search import FakeSearch
 from tests.support.streamrules import check_stream
 

@@ -12,7 +12,7 @@ import pytest
 from openai.types.responses.mcp_tool_call_error import HTTPError, McpProtocolError, McpToolExecutionError
 from openai.types.responses.response_output_item import McpCall, McpListTools
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 from tests.support import mcp_servers
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from harness import ROOT, RouterProcess, sim_pool_toml, start_router
 from router.report import parse_prometheus
 from router.turns.shadow import differences
-from tests.procs import ROOT, RouterProcess, sim_pool_toml, start_router
 from tests.support.fake_search import FakeSearch
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
+from harness import RouterProcess, free_port, sim_pool_toml, start_router
 from tests.support import mcp_servers
 from tests.support.fake_search import FakeSearch
 

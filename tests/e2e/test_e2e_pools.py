@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import ROOT, RouterProcess, free_port, http_status, sim_pool_toml, start_router
+from harness import ROOT, RouterProcess, free_port, http_status, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -23,8 +23,8 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
+from harness import RouterProcess, sim_pool_toml, start_router
 from router.protocol.replay import output_of
-from tests.procs import RouterProcess, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
+from harness import RouterProcess, sim_pool_toml, start_router
 from tests.conftest import MODEL
 from tests.e2e.test_e2e_state import running_on_workers, wait_for
-from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.support.pg import pg_dsn  # noqa: F401 - the fixture
 from tests.support.streamrules import check_stream
 

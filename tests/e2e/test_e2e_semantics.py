@@ -260,7 +260,7 @@ def test_every_input_item_shape(client: openai.OpenAI) -> None:
 @pytest.fixture(scope="module")
 def small_context(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A router whose only worker has a 150-token context."""
-    from tests.procs import sim_pool_toml, start_router
+    from harness import sim_pool_toml, start_router
 
     body = sim_pool_toml(replicas=1, extra_args='["--max-model-len", "150"]') + '\n[[models]]\nname = "small"\npool = "sim"\n'
     proc = start_router(tmp_path_factory.mktemp("small"), body)

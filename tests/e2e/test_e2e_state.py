@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
+from harness import RouterProcess
 from tests.conftest import MODEL
-from tests.procs import RouterProcess
 from tests.support.streamrules import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -256,7 +256,7 @@ def test_background_failure_is_recorded(client: openai.OpenAI) -> None:
 
 
 def test_every_id_endpoint_is_scoped_to_its_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tests.procs import sim_pool_toml, start_router
+    from harness import sim_pool_toml, start_router
 
     keys = '[auth]\nkeys = [{ name = "a", key = "sk-aaaa-aaaa" }, { name = "b", key = "sk-bbbb-bbbb" }]\n'
     router = start_router(tmp_path, sim_pool_toml(replicas=1) + f'\n[[models]]\nname = "{MODEL}"\npool = "sim"\n' + keys)

@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.procs import ROOT, RouterProcess, free_port, http_status, start_router
+from harness import ROOT, RouterProcess, free_port, http_status, start_router
 from tests.support.tls_certs import Pki, TlsProxy, make_pki
 
 pytestmark = pytest.mark.e2e

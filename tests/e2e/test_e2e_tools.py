@@ -12,8 +12,8 @@ from typing import Any
 import openai
 import pytest
 
+from harness import RouterProcess, free_port, sim_pool_toml, start_router
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import RouterProcess, free_port, sim_pool_toml, start_router
 from tests.support import mcp_servers
 from tests.support.fake_search import FakeSearch
 from tests.support.streamrules import check_stream

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
+from harness import RouterProcess, start_router
 from tests.e2e.trace_fixtures import Collector, HeaderProxy
-from tests.procs import RouterProcess, start_router
 from tests.support.fake_search import FakeSearch
 from tests.support.sim_proc import Sim
 

@@ -14,8 +14,8 @@ import pytest
 from websockets.exceptions import ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from harness import RouterProcess, sim_pool_toml, start_router
 from tests.conftest import MODEL
-from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.support.streamrules import check_stream, text_of
 
 pytestmark = pytest.mark.e2e

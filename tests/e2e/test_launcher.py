@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import http_status, sim_pool_toml, start_router
+from harness import http_status, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 
@@ -255,7 +255,7 @@ def _start_sim(tmp: Path, name: str, *args: str):  # type: ignore[no-untyped-def
     import subprocess
     import sys
 
-    from tests.procs import ROOT, free_port
+    from harness import ROOT, free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "router", "sim", "--port", str(port), *args], cwd=ROOT,
@@ -334,7 +334,7 @@ pool = "other"
 
 
 def free_port_() -> int:
-    from tests.procs import free_port
+    from harness import free_port
 
     return free_port()
 

@@ -11,10 +11,10 @@ import httpx2
 import mcp_types as types
 import pytest
 
+from harness import free_port
 from router.tools.allowlist import AllowlistTransport, UrlAllowlist, UrlNotAllowed, mcp_http_client_factory
 from router.tools.mcp_client import MCPClientError, MCPServer, call_tool, list_tools, result_output
 from router.tools.netguard import NetGuard
-from tests.procs import free_port
 from tests.support import mcp_servers
 from tests.support.mcp_servers import ServerProcess
 

@@ -24,12 +24,12 @@ from typing import Any
 import openai
 import pytest
 
+from harness import ROOT, RouterProcess, engine_pool_toml, start_router
 from router.dialects.engine_options import GENERATE_OPTIONS, HARMONY_REFUSED
 from router.protocol import fields as table
 from router.protocol.fields import CHAT, FIELDS, HARMONY, POOL_KINDS
 from router.protocol.requests import ENGINE_FIELDS, CreateResponse
 from tests.e2e.test_e2e_harmony import harmony_pool
-from tests.procs import ROOT, RouterProcess, engine_pool_toml, start_router
 from tests.support.fake_search import FakeSearch
 
 pytestmark = pytest.mark.e2e

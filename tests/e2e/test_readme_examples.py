@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.procs import ROOT, RouterProcess, free_port, start_router
+from harness import ROOT, RouterProcess, free_port, start_router
 
 pytestmark = pytest.mark.e2e
 

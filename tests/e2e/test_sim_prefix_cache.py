@@ -26,11 +26,11 @@ from backends.sim.cache import (
 )
 from backends.sim.script import count_prompt_tokens
 from backends.worker import KV_LOAD_WEIGHT, Worker
+from harness import RouterProcess, sim_pool_toml, start_router
 from policies.balance import LeastLoad
 from tests.e2e.test_sim_harmony import _sim, enc, vocab_dir  # noqa: F401  (fixtures)
 from tests.e2e.test_sim_harmony import generate as harmony_generate
 from tests.e2e.test_sim_harmony import prompt as harmony_prompt
-from tests.procs import RouterProcess, sim_pool_toml, start_router
 from tests.support.sim_proc import Sim
 
 SYSTEM = "You answer questions about the router, its pools, its workers and their caches. " * 3

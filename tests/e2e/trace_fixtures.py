@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.procs import free_port
+from harness import free_port
 
 
 class _Server:

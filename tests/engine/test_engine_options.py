@@ -122,8 +122,8 @@ def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
 @pytest.fixture(scope="module")
 def oss_router(tmp_path_factory: pytest.TempPathFactory, vllm_prepared: Any) -> Iterator[Any]:  # noqa: F811
     """One harmony pool on a real vLLM CPU worker with the tiny gpt-oss (tests/test_engine_vllm.py's pool)."""
+    from harness import start_router
     from tests.engine.test_engine_vllm import OSS, START_TIMEOUT_S, _pool
-    from tests.procs import start_router
     from tests.support.engine_env import serving
 
     body = (f'[harmony]\nvocab_dir = "{vllm_prepared.vocab_dir}"\n'

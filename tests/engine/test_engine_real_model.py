@@ -32,7 +32,7 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
 from pydantic import BaseModel
 
-from tests.procs import RouterProcess, free_range, start_router
+from harness import RouterProcess, free_range, start_router
 from tests.support.engine_env import engine_cpu, real_model_prepared, serving, vllm_prepared  # noqa: F401 - the session fixtures
 from tests.support.streamrules import check_stream, text_of
 

@@ -33,7 +33,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.procs import RouterProcess, free_range, start_router
+from harness import RouterProcess, free_range, start_router
 from tests.support.engine_env import engine_cpu, serving, vllm_prepared  # noqa: F401 - vllm_prepared: the session fixture
 from tests.support.streamrules import check_stream, text_of
 

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import ROOT, RouterProcess, _die_with_pytest, free_port, http_status, start_router
+from harness import ROOT, RouterProcess, free_port, http_status, start_router
+from harness import die_with_parent as _die_with_pytest
 
 pytestmark = pytest.mark.e2e
 

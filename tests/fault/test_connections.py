@@ -22,7 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import sim_pool_toml, start_router
+from harness import sim_pool_toml, start_router
 
 pytestmark = pytest.mark.e2e
 

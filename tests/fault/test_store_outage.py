@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import RouterProcess, sim_pool_toml, start_router
+from harness import RouterProcess, sim_pool_toml, start_router
 from tests.support.pg import PgServer, pg_server  # noqa: F401 - the fixture
 from tests.support.streamrules import check_stream, text_of
 

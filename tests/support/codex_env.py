@@ -36,7 +36,8 @@ from typing import Any, Self
 
 import pytest
 
-from tests.procs import ROOT, load_script
+from harness import ROOT
+from tests.support.scripts import load_script
 
 SCRIPT = ROOT / "scripts" / "prepare_codex.py"
 API_KEY_ENV = "RESPONSES_ROUTER_CODEX_KEY"

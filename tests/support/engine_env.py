@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import ROOT, RouterProcess, http_status, load_script
+from harness import ROOT, RouterProcess, http_status
+from tests.support.scripts import load_script
 
 SCRIPT = ROOT / "scripts" / "prepare_vllm_cpu.py"
 

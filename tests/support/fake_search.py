@@ -25,7 +25,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from tests.procs import free_port
+from harness import free_port
 
 # "Small ...": the simulated worker fills a find_in_page pattern with the word "small" (tests/test_web_browse.py).
 PAGE_1 = """<!doctype html><html><head><title>Page one</title><style>body{color:red}</style></head>

@@ -155,7 +155,7 @@ class ServerProcess:
 
 def spawn(transport: str, *, redirect_to: str | None = None) -> ServerProcess:
     """Start one server without waiting for it; see ServerProcess.wait_ready."""
-    from tests.procs import free_port  # here, not at the top: this file also runs as the server script
+    from harness import free_port  # here, not at the top: this file also runs as the server script
 
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--transport", transport, "--port", str(port)]

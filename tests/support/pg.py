@@ -109,7 +109,7 @@ class PgServer:
     """
 
     def __init__(self) -> None:
-        from tests.procs import free_port
+        from harness import free_port
 
         bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version)
         initdb = shutil.which("initdb") or (bins[-1] if bins else None)

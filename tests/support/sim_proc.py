@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.procs import free_port
+from harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "sim-model"

@@ -19,6 +19,9 @@ PACKAGES = ("router", "backends", "policies")
 # Layers inside backends/ that neither "*" nor "backends" reaches: no module that serves traffic
 # depends on the simulated worker (a managed pool of engine "sim" starts it as a process).
 SEALED = ("backends.sim",)
+# The repository's tooling, never imported by the packages: the tests, the benchmarks, and the
+# harness both use to start router and worker processes.
+TOOLING = ("bench", "harness", "tests")
 
 
 def _dotted(path: str) -> str:
@@ -92,18 +95,22 @@ def test_no_layer_imports_above_itself() -> None:
         source = _layer(module.removesuffix(".__init__"))
         assert source in ALLOWED, f"{module}: a layer docs/ARCHITECTURE.md does not list ({source})"
         for target in _imports(path):
-            if target.split(".")[0] in ("bench", "tests") or not _allowed(source, target):
+            if target.split(".")[0] in TOOLING or not _allowed(source, target):
                 wrong.append(f"{path.relative_to(ROOT)} imports {target}")
     assert not wrong, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(sorted(set(wrong)))
 
 
 def test_tests_and_bench_keep_to_themselves() -> None:
-    """The tests drive the packages, never a benchmark's harness (bench/'s own tools are tested
-    beside them, bench/test_*.py), and a benchmark takes nothing from the tests."""
+    """The tests drive the packages, never a benchmark's tools (bench/'s own tools are tested
+    beside them, bench/test_*.py), and a benchmark takes nothing from the tests; the harness
+    (harness/) that both start their processes with takes nothing from either."""
+    forbidden = {"tests": ("bench",), "bench": ("tests",), "harness": ("tests", "bench")}
     wrong = []
-    for folder, other in (("tests", "bench"), ("bench", "tests")):
-        for path in (ROOT / folder).rglob("*.py"):
-            wrong += [f"{path.relative_to(ROOT)} imports {t}" for t in _imports(path) if t.split(".")[0] == other]
+    for folder, others in forbidden.items():
+        files = list((ROOT / folder).rglob("*.py"))
+        assert files, folder
+        for path in files:
+            wrong += [f"{path.relative_to(ROOT)} imports {t}" for t in _imports(path) if t.split(".")[0] in others]
     assert not wrong, "\n".join(sorted(set(wrong)))
 
 

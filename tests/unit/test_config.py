@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import ROOT
 from router.config import ConfigError, load_config, parse_config
-from tests.procs import ROOT
 
 GOOD = """
 [server]

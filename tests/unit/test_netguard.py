@@ -23,11 +23,11 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness import free_port
 from router.config import ConfigError, parse_config
 from router.tools.allowlist import GuardedBackend, UrlAllowlist, UrlNotAllowed, mcp_http_client_factory
 from router.tools.netguard import AddressNotAllowed, NetGuard, refusal, system_lookup
 from router.tools.web_search import GuardedResolver, HttpJsonSearch
-from tests.procs import free_port
 from tests.support.fake_search import FakeSearch
 
 

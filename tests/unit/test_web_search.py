@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness import free_port
 from router.tools.allowlist import UrlAllowlist, UrlNotAllowed
 from router.tools.netguard import NetGuard
 from router.tools.web_search import (
@@ -16,7 +17,6 @@ from router.tools.web_search import (
     SearchResult,
     html_to_text,
 )
-from tests.procs import free_port
 from tests.support.fake_search import PAGE_1, FakeSearch
 
 

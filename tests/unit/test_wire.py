@@ -24,7 +24,7 @@ from backends.client import (
 )
 from backends.errors import WorkerIdleClosed
 from backends.wire import origin_key
-from tests.procs import free_port
+from harness import free_port
 from tests.support.tls_certs import Pki, make_pki
 
 

@@ -38,8 +38,8 @@ from backends.errors import (
 from backends.pools import Pool
 from backends.sim import build_app, parse_args
 from backends.worker import Worker
+from harness import free_port
 from policies.balance import make_balancer
-from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
