@@ -83,7 +83,7 @@ _Flag = tuple[tuple[str, ...], tuple[str, ...]]
 
 def _vllm_flags(o: LaunchOptions) -> list[_Flag]:
     # Names as vLLM 0.32's own parser has them (vllm/entrypoints/launchers/cli_args.py FrontendArgs,
-    # vllm/engine/arg_utils.py EngineArgs); tests/test_engine_flags.py parses these with it.
+    # vllm/engine/arg_utils.py EngineArgs); tests/engine/test_engine_flags.py parses these with it.
     flags: list[_Flag] = [
         # usage.prompt_tokens_details.cached_tokens: without it vLLM reports none, and usage says 0
         (("--enable-prompt-tokens-details",), ("--enable-prompt-tokens-details", "--no-enable-prompt-tokens-details")),

@@ -56,7 +56,7 @@ def _text(conv: int, turn: int, words: int) -> str:
 
 
 def router_toml(port: int, urls: list[str], policy: str) -> str:
-    """bench/procs.py's router config with the pool's policy set."""
+    """The harness's router config (harness/router.py) with the pool's policy set."""
     cfg = harness.router_config(port=port, sim_urls=urls, db_path=f"responses-{port}.db")
     return cfg.replace('engine = "sim"\n', f'engine = "sim"\npolicy = "{policy}"\n', 1)
 

@@ -1,7 +1,7 @@
 """Tens of thousands of stalled connections against a real router: ``python bench/stalled.py [--connections N]``.
 
 The heavy variant of tests/fault/test_connections.py. Starts a sim and a router
-(bench/procs.py), opens N connections that each send half a request head and
+(harness/), opens N connections that each send half a request head and
 stop, and, while they are held, times ordinary requests over new connections;
 then reports how many of the stalled ones the router closed, and when. Prints
 one table; nothing is written to bench/RESULTS.md. The router keeps its default

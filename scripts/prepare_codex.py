@@ -23,7 +23,7 @@ version. Nothing is downloaded from elsewhere at install time. At run time Codex
 would reach the network for a plugin marketplace sync (``git ls-remote
 https://github.com/openai/plugins.git``), connector and plugin look-ups
 (api.github.com, chatgpt.com), update checks and analytics;
-``tests/codex_env.py`` writes a config.toml that turns each of these off
+``tests/support/codex_env.py`` writes a config.toml that turns each of these off
 (checked with strace: the only connection left is to the router on loopback).
 
 Importable: ``prepare(cache) -> Prepared`` (raises ``PrepareError`` with the reason).

@@ -41,7 +41,7 @@ from backends.sim.server import SimWorker, build_app
 #
 # Only the sim itself and the `responses-router sim` command (router/cli.py) import it: a managed
 # pool of engine "sim" starts it as a process (backends/engines.py), and no module that serves
-# traffic may depend on it (tests/test_architecture.py).
+# traffic may depend on it (tests/unit/test_architecture.py).
 
 __all__ = [
     "VOCAB",

@@ -11,7 +11,7 @@ Everything else (other routes, upgrades to WebSocket) is uvicorn's code.
 
 Keep-alive, pipelining (a request that arrives while the previous answer is
 still being made waits its turn), ``Expect: 100-continue``, client
-disconnects and graceful shutdown behave as in uvicorn; tests/test_server.py
+disconnects and graceful shutdown behave as in uvicorn; tests/unit/test_server.py
 checks each on a raw socket. One difference: a connection that closes after an
 answer given before its request's body was all read (a 413) closes only once
 that body is read (``RouterHttpProtocol._linger``), where uvicorn's close

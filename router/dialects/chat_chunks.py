@@ -9,7 +9,7 @@ id, ``created``, model and closing fields. So once one of them has been
 parsed, the next ones are recognized by those bytes and the text is sliced out.
 
 Pure: bytes in, a str (``ReasoningText`` for reasoning) or the parsed JSON out;
-tested against orjson on random chunks (tests/test_chat_chunks.py).
+tested against orjson on random chunks (tests/unit/test_chat_chunks.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ later ones are recognized by the bytes before (``head``) and after (``tail``) th
 ids, and the ids are read from the digits between.
 
 Pure: bytes in, a list of ints or None out; tested against orjson on random frames
-(tests/test_harmony_fast_path.py).
+(tests/unit/test_harmony_fast_path.py).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ when it is built and on each header token (~4M instructions per response), so th
 module parses the tokens itself, reproducing what ``StreamableParser(encoding,
 Role.ASSISTANT, strict=False)`` reports: its states (Header / Content / ExpectStart),
 its header grammar (``_parse_header``, ``_cut_channel``) and its content deltas (the
-lossy UTF-8 decoding of ``_lossy_step``). tests/harmony_oracle.py keeps the parser built
-on ``StreamableParser`` as the reference; tests/test_harmony_parse.py compares the two.
+lossy UTF-8 decoding of ``_lossy_step``). tests/unit/harmony_oracle.py keeps the parser built
+on ``StreamableParser`` as the reference; tests/unit/test_harmony_parse.py compares the two.
 
 Pure: no I/O. Token bytes come from the encoding, asked once per id (``_vocab``).
 """
@@ -238,7 +238,7 @@ class HarmonyParser:
 
         The per-token fast path (``HarmonyTurn.decode``): a content token valid UTF-8 alone, none
         pending, in a text or reasoning message, where ``_content`` makes exactly that delta and
-        changes no state (tests/test_harmony_fast_path.py compares the two)."""
+        changes no state (tests/unit/test_harmony_fast_path.py compares the two)."""
         if self._state != _CONTENT or self._pending or self._lost or self.done:
             return None
         info = self._vocab.known.get(token)

@@ -12,7 +12,7 @@ caller's), from which the openai-harmony ``Message`` is built only when it is
 not kept. Building one and its JSON for a key cost ~55 us per request (pydantic
 models, then ``json.dumps``); a tuple's hash costs well under one.
 
-What is kept is what openai-harmony renders, checked by tests/test_harmony_render.py
+What is kept is what openai-harmony renders, checked by tests/unit/test_harmony_render.py
 against ``render_conversation_for_completion`` on random conversations: the
 system and developer messages are rendered together as a conversation (the
 system message says more when the developer message has function tools),

@@ -18,7 +18,7 @@ is taken only when sure: the ids so far plus the new ones must make
 ``meta_info.completion_tokens``, which SGLang counts cumulatively. Anything
 else is parsed whole (and taught from).
 
-Pure; tests/test_sglang_frames.py compares it with whole parses on random streams.
+Pure; tests/unit/test_sglang_frames.py compares it with whole parses on random streams.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def reader(asm: Assembler, turn: DialectTurn, timer: Timer | None, direct: Calla
     ``decode`` gives as its text, takes a fast path: the assembler's ``text`` instead of
     deltas and ``feed``'s dispatch; one of plain reasoning (a ``ReasoningText``) the
     assembler's ``reasoning``. They give the same events and state as the general way
-    (tests/test_fast_path.py). Measured: ~11.5k fewer instructions per streamed token, of
+    (tests/unit/test_fast_path.py). Measured: ~11.5k fewer instructions per streamed token, of
     ~52k from the worker's read to the client's write; ~0.5k fewer for this being one
     function, not a translate step called by a push callback.
     """

@@ -2,7 +2,7 @@
 
 ``codex exec`` runs with a throw-away CODEX_HOME whose custom model provider
 (``wire_api = "responses"``) points at the router through a recording proxy
-(tests/codex_env.py), so the tests see byte for byte what Codex sent and what
+(tests/support/codex_env.py), so the tests see byte for byte what Codex sent and what
 the router answered.
 
 1. Discovery (``discovery`` fixture, ``test_discover_codex_tools``): a prompt with

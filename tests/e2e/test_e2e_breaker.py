@@ -3,7 +3,7 @@
 A request whose body makes every engine fail is the request's fault: answered with the engine's
 error, it shuts no worker out. One crash breaking twenty streams is one failure: once the
 restarted worker passes its health check, it serves. The breaker's state machine alone:
-tests/test_breaker.py.
+tests/unit/test_breaker.py.
 """
 
 from __future__ import annotations

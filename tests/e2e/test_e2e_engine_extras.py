@@ -6,7 +6,7 @@ by the openai SDK (the options in ``extra_body``, as a user moving from an engin
   under the engine's name (``[sim:echo=request]`` answers with the body the worker got).
 - The sim engine honours ``seed`` and ``stop`` (observably) and refuses the rest: a 400
   ``unsupported_parameter`` naming the field and the pool; harmony pools refuse what cannot apply
-  there (their generate calls: tests/test_e2e_harmony_engine_options.py).
+  there (their generate calls: tests/e2e/test_e2e_harmony_engine_options.py).
 - The response and the stored one record the options; a chained turn has only those it sends itself.
 - ``service_tier`` "priority" / "flex" become the engine's ``priority`` on a pool with
   ``honor_service_tier = true`` only; ``prompt_cache_key`` puts requests on one worker of an affinity pool.
@@ -116,7 +116,7 @@ def test_streamed_call_gets_the_options_too(client: openai.OpenAI) -> None:
     ("sim-chat", "top_k", 40, "sim"),  # the sim honours seed and stop only
     ("sim-chat", "request_id", "r1", "sim"),
     ("gpt-oss", "chat_template_kwargs", {"x": 1}, "oss"),  # harmony pools use no chat template
-    ("gpt-oss", "extra_key", "k", "oss"),  # nor an option their engine lacks (tests/test_e2e_harmony_engine_options.py)
+    ("gpt-oss", "extra_key", "k", "oss"),  # nor an option their engine lacks (tests/e2e/test_e2e_harmony_engine_options.py)
 ])
 def test_an_option_the_pools_engine_lacks_is_a_400_naming_field_and_pool(
         client: openai.OpenAI, model: str, field: str, value: Any, pool: str) -> None:

@@ -1,7 +1,7 @@
 """Before the first byte, a failing worker is retried elsewhere; 429/503 is backpressure; circuits open.
 
 A 5xx answer counts against a worker only when another worker serves the same request; more
-on whose fault a failure is, and crashes: tests/test_e2e_breaker.py."""
+on whose fault a failure is, and crashes: tests/e2e/test_e2e_breaker.py."""
 
 from __future__ import annotations
 

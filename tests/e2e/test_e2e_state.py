@@ -291,7 +291,7 @@ def test_every_id_endpoint_is_scoped_to_its_key(tmp_path) -> None:  # type: igno
 
 
 def test_a_stream_deleted_while_it_runs_ends_and_stays_deleted(client: openai.OpenAI) -> None:
-    """On SQLite as on PostgreSQL (tests/test_e2e_replicas.py): a stored stream is retrievable as it
+    """On SQLite as on PostgreSQL (tests/e2e/test_e2e_replicas.py): a stored stream is retrievable as it
     runs; deleted meanwhile, it streams to its end and its last put writes nothing back."""
     with client.responses.stream(model=MODEL, input="[sim:tokens=40] [sim:itl_ms=20]") as stream:
         rid = next(e for e in stream if e.type == "response.created").response.id

@@ -60,7 +60,7 @@ def test_the_agents_sdk_example_runs(example_router: RouterProcess) -> None:
 
 
 def test_the_codex_config_names_what_codex_reads() -> None:
-    """The README's Codex block is the provider part of what tests/test_codex_cli.py gives the real CLI."""
+    """The README's Codex block is the provider part of what tests/e2e/test_codex_cli.py gives the real CLI."""
     import tomllib
 
     from tests.support.codex_env import codex_config

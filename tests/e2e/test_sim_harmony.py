@@ -3,7 +3,7 @@
 Prompts are rendered with openai-harmony (system, developer with function tools,
 user); the generated ids are read back with openai-harmony's StreamableParser
 and with the router's HarmonyParser. The vocabulary is built offline
-(router/dialects/harmony_vocab.py), as in tests/test_harmony.py.
+(router/dialects/harmony_vocab.py), as in tests/unit/test_harmony.py.
 """
 
 from __future__ import annotations

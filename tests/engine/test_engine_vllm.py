@@ -12,7 +12,7 @@ lifecycles, never words. The chat model's weights keep its end token from being 
 while a grammar (structured output) still ends it. Token counts are checked against
 what the engine itself reports: its ``/tokenize`` endpoint and its ``/metrics`` counters.
 
-Preparation (venv, models) is ``scripts/prepare_vllm_cpu.py``, via tests/engine_env.py:
+Preparation (venv, models) is ``scripts/prepare_vllm_cpu.py``, via tests/support/engine_env.py:
 if it fails, these tests fail with its reason. Run: ``python -m pytest -m engine``.
 """
 

@@ -1,6 +1,6 @@
 """PostgreSQL going away under two router replicas, with requests in flight on both.
 
-The server is the test's own (tests/pg.py ``PgServer``: initdb, its own port), restarted and
+The server is the test's own (tests/support/pg.py ``PgServer``: initdb, its own port), restarted and
 stopped with pg_ctl. A restart (``-m fast``: every session ended, well under a second down) is
 invisible: streams, JSON requests and background responses running on both replicas, and requests
 sent as it goes down, all finish normally and are stored completed, retrievable from the other

@@ -66,7 +66,7 @@ def codex_cli() -> Any:  # prepare_codex.Prepared
 
 def codex_config(base_url: str, model: str, *, sandbox: str = "read-only") -> str:
     """config.toml for a Codex that talks only to ``base_url`` (the router's /v1)."""
-    return f'''# Written by tests/codex_env.py for one Codex run against responses-router.
+    return f'''# Written by tests/support/codex_env.py for one Codex run against responses-router.
 model = "{model}"
 model_provider = "{PROVIDER}"
 approval_policy = "never"

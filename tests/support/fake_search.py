@@ -27,7 +27,7 @@ from aiohttp import web
 
 from harness import free_port
 
-# "Small ...": the simulated worker fills a find_in_page pattern with the word "small" (tests/test_web_browse.py).
+# "Small ...": the simulated worker fills a find_in_page pattern with the word "small" (tests/unit/test_web_browse.py).
 PAGE_1 = """<!doctype html><html><head><title>Page one</title><style>body{color:red}</style></head>
 <body><script>var secret = "do not show";</script><h1>Fish &amp; chips</h1>
 <p>The <b>best</b> fish&nbsp;and chips.</p><!-- hidden comment --><ul><li>cod</li><li>haddock</li></ul>

@@ -1,6 +1,6 @@
 """Real MCP servers for tests, built with the MCP SDK's server side and run as subprocesses.
 
-    python tests/mcp_servers.py --transport streamable-http|sse --port N [--redirect-to URL]
+    python tests/support/mcp_servers.py --transport streamable-http|sse --port N [--redirect-to URL]
 
 Tools: add(a, b), echo(text), slow(seconds), fail(message) (raises, so the
 result has isError). Around the MCP app, plain HTTP extras:

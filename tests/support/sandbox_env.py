@@ -1,5 +1,5 @@
 """The code interpreter's sandbox under test: a throwaway root, and running a program in it
-(shared by tests/test_code_interpreter.py and tests/test_sandbox_seccomp.py)."""
+(shared by tests/unit/test_code_interpreter.py and tests/unit/test_sandbox_seccomp.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ A test module binds the fixtures it uses to module names, where pytest finds the
 
 (an assignment rather than an import, so a test's parameter of that name is no
 redefinition to the linter). ``backend`` runs a test once on SQLite (a temp file)
-and once on PostgreSQL (an empty schema in the throwaway database of tests/pg.py,
+and once on PostgreSQL (an empty schema in the throwaway database of tests/support/pg.py,
 which needs ``pg_dsn`` bound too).
 """
 

@@ -1,7 +1,7 @@
 """The reference: router/dialects/harmony.py's ``HarmonyParser`` as it was built on
 openai-harmony's ``StreamableParser`` (strict=False), before the router parsed the
 tokens itself (router/dialects/harmony_parse.py). Its logic is kept unchanged
-(only renamed ``OracleParser``); tests/test_harmony_parse.py checks that the new
+(only renamed ``OracleParser``); tests/unit/test_harmony_parse.py checks that the new
 parser produces the same deltas, ``done`` and ``error is None`` on the same tokens.
 """
 

@@ -1,7 +1,7 @@
 """The circuit breaker's state machine alone (backends/breaker.py), on a clock the test moves.
 
 End to end (a worker killed under 20 streams, a poisoned request on every worker):
-tests/test_e2e_breaker.py.
+tests/e2e/test_e2e_breaker.py.
 """
 
 from __future__ import annotations

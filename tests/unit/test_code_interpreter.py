@@ -1,5 +1,5 @@
 """The code interpreter's sandbox: results, persistence, images, and every limit enforced (its
-system-call filter: tests/test_sandbox_seccomp.py)."""
+system-call filter: tests/unit/test_sandbox_seccomp.py)."""
 
 from __future__ import annotations
 

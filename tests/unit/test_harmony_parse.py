@@ -1,5 +1,5 @@
 """router/dialects/harmony_parse.py's HarmonyParser against the reference built on
-openai-harmony's StreamableParser (tests/harmony_oracle.py), with the real encoding.
+openai-harmony's StreamableParser (tests/unit/harmony_oracle.py), with the real encoding.
 
 Both parsers get the same token ids in the same chunks, then ``finish(reason)``; each
 ``feed`` / ``finish`` must give the same deltas (tool call ids masked: they are random),

@@ -1,11 +1,11 @@
 """The Store contract (router/state/store.py), run against every store.
 
 Each test taking ``backend`` runs once on SQLite (a temp file) and once on
-PostgreSQL (an empty schema in the throwaway database of tests/pg.py; the
+PostgreSQL (an empty schema in the throwaway database of tests/support/pg.py; the
 server must be reachable, these tests fail otherwise). Tests named
-``test_sqlite_*`` / ``test_postgres_*`` (tests/test_store_engines.py) are about one
+``test_sqlite_*`` / ``test_postgres_*`` (tests/unit/test_store_engines.py) are about one
 store's internals. The backends and builders are shared with tests/test_store_*.py
-(tests/store_fixtures.py).
+(tests/support/store_fixtures.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 abandoned responses; plus the schema upgrades that brought them. On every store.
 
 Each test taking ``backend`` runs once on SQLite and once on PostgreSQL
-(tests/store_fixtures.py).
+(tests/support/store_fixtures.py).
 """
 
 from __future__ import annotations

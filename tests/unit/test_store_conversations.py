@@ -1,7 +1,7 @@
 """The ConversationStore contract and ``Store.get_items`` (router/state/store.py), on every store.
 
 Each test taking ``backend`` runs once on SQLite and once on PostgreSQL
-(tests/store_fixtures.py).
+(tests/support/store_fixtures.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Each store's own machinery (router/state/sqlite*.py, postgres*.py): schema versions and
 migrations, transactions, very deep chains written directly, SQLite's write path and WAL.
 
-The contract every store keeps is tests/test_store.py's; the backends and builders are shared
-(tests/store_fixtures.py). PostgreSQL runs in the throwaway database of tests/pg.py.
+The contract every store keeps is tests/unit/test_store.py's; the backends and builders are shared
+(tests/support/store_fixtures.py). PostgreSQL runs in the throwaway database of tests/support/pg.py.
 """
 
 from __future__ import annotations

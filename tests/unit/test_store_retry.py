@@ -1,4 +1,4 @@
-"""The PostgreSQL store across a server restart and outage (a server of the test's own, tests/pg.py
+"""The PostgreSQL store across a server restart and outage (a server of the test's own, tests/support/pg.py
 ``PgServer``), and its retried writes when an attempt's answer is lost after its COMMIT.
 
 Calls ride out a restart; past ``retry_s`` they raise StoreUnavailable, and work again once the

@@ -4,7 +4,7 @@ answer began), and whose fault each failure is.
 
 Most tests drive it with a fake ``send`` over a pool of fake workers (no network); the last ones
 with real sim workers (in this process) over the real wire. End to end, through the router:
-tests/test_e2e_failover.py and tests/test_e2e_breaker.py.
+tests/e2e/test_e2e_failover.py and tests/e2e/test_e2e_breaker.py.
 """
 
 from __future__ import annotations
