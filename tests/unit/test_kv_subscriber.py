@@ -13,8 +13,8 @@ import zmq
 import zmq.asyncio
 
 from backends.kv_subscriber import KVSubscriber
+from harness import free_port
 from policies.kv_index import KVIndex
-from tests.procs import free_port
 
 TOPIC = b"kv"
 END = (-1).to_bytes(8, "big", signed=True)
