@@ -211,7 +211,6 @@ def test_the_access_log_can_be_turned_off(tmp_path: Path) -> None:
         resp = httpx.post(proc.base_url + "/v1/responses", json={"model": "m", "input": "hi"},
                           headers={"authorization": f"Bearer {KEY}"}, timeout=30)
         assert resp.status_code == 200
-        time.sleep(0.2)
-        assert "router.access" not in proc.log() and "serving models" in proc.log()
     finally:
-        assert proc.stop() == 0
+        assert proc.stop() == 0  # the router's exit: an access line, had there been one, is written by then
+    assert "router.access" not in proc.log() and "serving models" in proc.log()

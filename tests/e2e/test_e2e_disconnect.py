@@ -13,7 +13,7 @@ import pytest
 
 from harness import RouterProcess
 from tests.conftest import MODEL
-from tests.e2e.test_e2e_state import running_on_workers
+from tests.support.waits import running_on_workers, tcp_connections, wait_until, worker_urls
 
 pytestmark = pytest.mark.e2e
 
@@ -135,7 +135,7 @@ def test_a_reader_that_stops_reading_holds_up_the_worker_and_loses_nothing(route
     sock.connect((host, int(port)))
     sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    time.sleep(1.0)
+    wait_until(lambda: _backed_up(router, sock), 30, "the router's writes backed up and its worker's stream paused")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # a 4 KB window would crawl (ack delays)
     raw = b""
     sock.settimeout(60)
@@ -145,6 +145,17 @@ def test_a_reader_that_stops_reading_holds_up_the_worker_and_loses_nothing(route
     head, _, chunked = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
     _assert_whole_stream(_dechunk(chunked), words=4000)
+
+
+def _backed_up(router: RouterProcess, client: socket.socket) -> bool:
+    """The router holds bytes for ``client`` that it cannot send (the window is full), and it has
+    stopped reading its worker: bytes wait, unread, on its connection to a worker (the kernel's queues)."""
+    ours = client.getsockname()[1]
+    workers = {int(url.rsplit(":", 1)[1]) for url in worker_urls(router)}
+    connections = tcp_connections()
+    to_client = any(local == router.port and remote == ours and tx for local, remote, tx, _ in connections)
+    from_worker = any(remote in workers and rx for _, remote, _, rx in connections)
+    return to_client and from_worker
 
 
 def _assert_whole_stream(raw: bytes, *, words: int) -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from harness import RouterProcess, sim_pool_toml, start_router
 from tests.conftest import MODEL
-from tests.e2e.test_e2e_state import running_on_workers, wait_for
+from tests.e2e.test_e2e_state import wait_for
 from tests.support.pg import pg_dsn  # noqa: F401 - the fixture
 from tests.support.streamrules import check_stream
+from tests.support.waits import running_on_workers, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +79,9 @@ def test_deleted_on_b_while_a_runs_it(pair) -> None:  # type: ignore[no-untyped-
     while running_on_workers(router_a) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert running_on_workers(router_a) == 0, "a's worker kept generating for a response b deleted"
-    time.sleep(0.5)
+    # a's run says it stopped once its last writes are done: they had their chance to bring it back.
+    wait_until(lambda: f"background response {long.id} was deleted while it ran; stopped" in router_a.log(), 10,
+               "the stopped run's end in a's log")
     for client in (a, b):
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(long.id)
@@ -132,7 +135,7 @@ def test_a_dead_replicas_stream_fails(tmp_path: Path, pg_dsn: str) -> None:  # n
         stream = sdk(doomed).responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", stream=True)
         rid = next(e for e in stream if e.type == "response.created").response.id
         wait_for(sdk(survivor), rid, {"in_progress"})
-        time.sleep(1.5)  # past one lease: the doomed replica renews it while it lives
+        time.sleep(1.5)  # past one lease (its length is what is tested): the doomed replica renews it while it lives
         assert sdk(survivor).responses.retrieve(rid).status == "in_progress"
         os.kill(doomed.proc.pid, signal.SIGKILL)
         doomed.proc.wait()
@@ -182,7 +185,7 @@ def test_a_stopping_router_ends_what_runs_past_its_grace_and_says_so(tmp_path: P
         if len(events) == 10:
             other = threading.Thread(target=create)
             other.start()
-            time.sleep(0.3)  # the create is out to the worker
+            wait_until(lambda: running_on_workers(router) == 2, 10, "the create out to the worker, beside the stream")
             router.proc.send_signal(signal.SIGTERM)
     final = check_stream(events)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and events[-2]["code"] == "router_stopped"
@@ -205,7 +208,12 @@ def test_sqlite_router_killed_and_restarted(tmp_path: Path) -> None:
     kept = client.responses.create(model=MODEL, input="kept")
     running = client.responses.create(model=MODEL, input="[sim:tokens=3000] [sim:itl_ms=20]", background=True)
     wait_for(client, running.id, {"in_progress"})
-    time.sleep(1.0)  # a few dozen words produced and logged
+    with client.responses.retrieve(running.id, stream=True) as replay:  # read back from the store's event log
+        words = 0
+        for event in replay:  # a few dozen words produced and logged
+            words += event.type == "response.output_text.delta"
+            if words >= 24:
+                break
     os.kill(router.proc.pid, signal.SIGKILL)
     router.proc.wait()
     restarted = start_router(tmp_path, body)  # the same config, store file and port range

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
 import httpx
 import openai
@@ -13,6 +12,7 @@ import pytest
 from harness import RouterProcess
 from tests.conftest import MODEL
 from tests.support.streamrules import check_stream
+from tests.support.waits import running_on_workers, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -25,19 +25,6 @@ def wait_for(client: openai.OpenAI, rid: str, statuses: set[str], timeout: float
             return response
         time.sleep(0.05)
     raise AssertionError(f"{rid} never reached {statuses}: {response.status}")
-
-
-def running_on_workers(router: RouterProcess) -> int:
-    """Requests the sim workers say they are generating right now (their own /metrics)."""
-    with urllib.request.urlopen(router.base_url + "/health") as resp:
-        urls = [w["url"] for p in json.loads(resp.read())["pools"] for w in p["workers"]]
-    total = 0
-    for url in urls:
-        with urllib.request.urlopen(url + "/metrics") as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("vllm:num_requests_running"):
-                    total += int(float(line.rsplit(" ", 1)[1]))
-    return total
 
 
 # -- conversations -------------------------------------------------------------------
@@ -220,7 +207,9 @@ def test_deleting_a_running_background_response_stops_it_and_it_stays_deleted(
     while running_on_workers(router) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert running_on_workers(router) == 0, "the worker kept generating for a deleted response"
-    time.sleep(0.5)  # what the stopped run would have written by now
+    # The run's own end: what the stopped run writes, it has written before it says so.
+    wait_until(lambda: f"background response {queued.id} was deleted while it ran; stopped" in router.log(), 10,
+               "the stopped run's end in the router's log")
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(queued.id)
     with pytest.raises(openai.NotFoundError):

@@ -17,6 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 from harness import RouterProcess, sim_pool_toml, start_router
 from tests.conftest import MODEL
 from tests.support.streamrules import check_stream, text_of
+from tests.support.waits import tcp_connections, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -178,7 +179,7 @@ def test_sdk_max_connection_age(sdk: openai.OpenAI) -> None:
     """At the maximum age the running response finishes, then an error event and a 1000 close."""
     start = time.monotonic()
     with sdk.responses.connect() as conn:
-        time.sleep(max(0.0, MAX_AGE_S - 1.0 - (time.monotonic() - start)))
+        time.sleep(max(0.0, MAX_AGE_S - 1.0 - (time.monotonic() - start)))  # the connection's age is what is tested
         conn.response.create(model=MODEL, input="long one [sim:tokens=20] [sim:itl_ms=100]")  # runs past the age
         events = [e.to_dict() for e in conn]  # ends cleanly: the close is a normal one
         close_code, close_reason = conn._connection.close_code, conn._connection.close_reason
@@ -320,7 +321,10 @@ def test_client_leaving_mid_response_releases_the_worker(wsrouter: RouterProcess
 def test_slow_reader_holds_up_only_its_own_connection(wsrouter: RouterProcess) -> None:
     with raw(wsrouter) as slow, raw(wsrouter) as fast:
         send(slow, model=MODEL, input="a lot [sim:tokens=3000]")
-        time.sleep(0.3)  # slow reads nothing yet: its frames wait in the buffers, then its sends wait
+        # slow reads nothing yet: its frames wait in the buffers, then the router's sends to it wait
+        ours = slow.socket.getsockname()[1]
+        wait_until(lambda: any(local == wsrouter.port and remote == ours and tx for local, remote, tx, _ in tcp_connections()),
+                   10, "the router's sends to the slow reader waiting (bytes in its socket's send queue)")
         # fast is answered while slow's 3000 tokens sit unread (no timing bound: that would be flaky)
         assert completed(fast, model=MODEL, input="quick [sim:tokens=3]")["status"] == "completed"
         events = one_response(slow)

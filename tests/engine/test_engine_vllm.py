@@ -242,12 +242,12 @@ def test_chat_five_turn_chain(client: openai.OpenAI, engine_router: RouterProces
     assert [i.role for i in items.data if i.type == "message"] == ["user"]  # the response's own input
 
 
-def _engine_busy(router: RouterProcess, pool: str) -> None:
-    """Waits until the router has a request out to the pool's worker, then a little more so the
-    engine is generating. Not read off vLLM: on this 2-core machine a busy vLLM CPU engine starves
-    its own API server, so its /metrics and its first tokens can come late, in bursts."""
-    _wait(lambda: _worker(router, pool)["in_flight"] >= 1, 30, "the router's request to the engine", interval=0.02)
-    time.sleep(0.5)
+def _engine_generating(client: openai.OpenAI, rid: str) -> None:
+    """Waits until the engine's first tokens for background response ``rid`` have reached the router:
+    a text delta in its event log, replayed (read until one comes). Not read off vLLM: on this 2-core
+    machine a busy vLLM CPU engine starves its own API server, so its /metrics can come late, in bursts."""
+    with client.responses.retrieve(rid, stream=True) as replay:
+        assert any(event.type == "response.output_text.delta" for event in replay), f"{rid} ended with no text"
 
 
 def test_background_cancel_stops_the_engine_request(client: openai.OpenAI, engine_router: RouterProcess) -> None:
@@ -259,7 +259,7 @@ def test_background_cancel_stops_the_engine_request(client: openai.OpenAI, engin
     queued = client.responses.create(model=CHAT, input="A long background story", background=True,
                                       max_output_tokens=budget)
     assert queued.status in ("queued", "in_progress")
-    _engine_busy(engine_router, CHAT)
+    _engine_generating(client, queued.id)
     client.responses.cancel(queued.id)
     final = _wait(lambda: (r := client.responses.retrieve(queued.id)).status in ("cancelled", "completed", "incomplete",
                                                                                  "failed") and r, 30, "a final status")
@@ -319,8 +319,7 @@ def test_worker_killed_mid_stream_fails_the_stream_then_restarts(client: openai.
                                      stream=True)
     for event in stream:
         events.append(event.model_dump())
-        if not killed:  # the worker has answered 200 (the stream starts only then) and is generating
-            _engine_busy(engine_router, CHAT)
+        if not killed and event.type == "response.output_text.delta":  # the engine is generating: its first tokens are here
             os.killpg(pid, signal.SIGKILL)  # the engine and its helper processes, as a crash would
             killed = True
     assert killed, "the stream ended before its first event"

@@ -162,11 +162,11 @@ def test_a_request_in_time_is_not_cut(stalled_router: RouterProcess) -> None:
     with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
         head = b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
         sock.sendall(head % len(BODY) + BODY[:5])
-        time.sleep(1)
+        time.sleep(1)  # a pause inside the body, within the deadline: the pause is what is tested
         sock.sendall(BODY[5:])
         first = _read_answer(sock)
         assert first.startswith(b"HTTP/1.1 200 "), first[:200]
-        time.sleep(1.5)  # idle, under uvicorn's keep-alive (5 s), then a new request
+        time.sleep(1.5)  # idle (the idle time is what is tested), under uvicorn's keep-alive (5 s), then a new request
         sock.sendall(head % len(BODY) + BODY)
         assert _read_answer(sock).startswith(b"HTTP/1.1 200 ")
 

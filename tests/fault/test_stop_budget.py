@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from harness import sim_pool_toml, start_router
+from tests.support.waits import running_on_workers, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ def test_sigterm_with_a_stream_and_a_background_response_running_exits_within_th
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
     assert started.wait(10)
-    time.sleep(0.5)
+    wait_until(lambda: running_on_workers(router) == 2, 10, "the stream and the background response on the worker")
     began = time.monotonic()
     router.proc.send_signal(signal.SIGTERM)
     try:

@@ -193,7 +193,7 @@ def test_an_outage_longer_than_a_lease_fails_nothing_that_runs(pair, pg_server: 
     assert stream.deltas.wait(WAIT_S), stream.events
     until_status(b, background, {"in_progress"})
     pg_server.stop()
-    time.sleep(4.0)
+    time.sleep(4.0)  # down for two leases: the outage's length is what is tested
     pg_server.start()
     done = until_status(b, background, {"completed", "failed", "incomplete", "cancelled"})  # the first end seen
     assert done["status"] == "completed", done.get("error")
