@@ -408,10 +408,11 @@ def test_vllm_abort(vllm, enc):
     assert vllm.request("POST", "/abort_requests", {})[0] == 400
     ids = prompt(enc, "[sim:tokens=300] [sim:itl_ms=10]")
     out: list = []
+    generated = vllm.metrics()["vllm:generation_tokens_total"]
     thread = _slow_stream(vllm, "/inference/v1/generate", {
         "request_id": "slow", "token_ids": ids, "sampling_params": {}, "stream": True,
         "stream_options": {"include_usage": True}}, out)
-    time.sleep(0.3)
+    vllm.wait_metric("vllm:generation_tokens_total", lambda v: v > generated)  # under way: a token out
     assert vllm.request("POST", "/abort_requests", {"request_ids": ["generate-tokens-slow"]})[0] \
         == 200
     thread.join(timeout=10)
@@ -424,7 +425,7 @@ def test_vllm_abort(vllm, enc):
     thread = _slow_stream(vllm, "/inference/v1/generate", {
         "request_id": "stuck", "token_ids": prompt(enc, "[sim:hang]"), "sampling_params": {},
         "stream": True}, out)
-    time.sleep(0.3)
+    vllm.wait_metric("vllm:num_requests_running", lambda v: v >= 1)  # taken, and waiting
     assert vllm.request("POST", "/inference/v1/abort_requests", {"request_ids": ["stuck"]})[0] \
         == 200
     thread.join(timeout=10)
@@ -436,10 +437,11 @@ def test_sglang_abort(sglang, enc):
     ids = prompt(enc, "[sim:tokens=300] [sim:itl_ms=10]")
     for body in ({"rid": "slow"}, {"abort_all": True}):
         out: list = []
+        generated = sglang.metrics()["sglang:generation_tokens_total"]
         thread = _slow_stream(sglang, "/generate", {
             "rid": "slow", "input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": 400}}, out)
-        time.sleep(0.3)
+        sglang.wait_metric("sglang:generation_tokens_total", lambda v: v > generated)  # noqa: B023 - under way: a token out
         assert sglang.request("POST", "/abort_request", body)[0] == 200
         thread.join(timeout=10)
         last = out[0][-1]

@@ -32,6 +32,7 @@ from tests.e2e.test_sim_harmony import _sim, enc, vocab_dir  # noqa: F401  (fixt
 from tests.e2e.test_sim_harmony import generate as harmony_generate
 from tests.e2e.test_sim_harmony import prompt as harmony_prompt
 from tests.support.sim_proc import Sim
+from tests.support.waits import async_wait_until
 
 SYSTEM = "You answer questions about the router, its pools, its workers and their caches. " * 3
 ADMIN = "admin-key-prefix-cache"
@@ -126,12 +127,13 @@ def test_a_worker_prefills_one_prompt_at_a_time() -> None:
         prefill = Prefill(PrefixCache(0), us_per_token=1e6)  # a second per token: only cancels end them
         first = asyncio.create_task(prefill.run(None, 5, None))
         second = asyncio.create_task(prefill.run(None, 5, None))
-        await asyncio.sleep(0.01)
+        await async_wait_until(prefill.gpu.locked, 5, "the first prompt on the GPU", interval=0)
         assert prefill.gpu.locked() and not first.done() and not second.done()
         # a fully cached prompt computes nothing and does not wait for the GPU
         assert await asyncio.wait_for(prefill.run(None, 5, 5), 5) == 5
         first.cancel()
-        await asyncio.sleep(0.01)
+        await async_wait_until(lambda: first.done() and prefill.gpu.locked(), 5, "the GPU handed to the second prompt",
+                               interval=0)
         assert prefill.gpu.locked() and not second.done()  # the second prompt holds it now
         second.cancel()
         await asyncio.gather(first, second, return_exceptions=True)

@@ -41,7 +41,7 @@ def test_head_and_body_leave_together_and_bodies_never_wait() -> None:
         assert fake.writes[-1] == b"data: 1\n\n"
         t.write(b"HTTP/1.1 204 No Content\r\n\r\n")  # no body follows: released at the end of the iteration
         assert len(fake.writes) == 2
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: the release's term is what is tested
         assert fake.writes[-1] == b"HTTP/1.1 204 No Content\r\n\r\n"
         assert t.get_extra_info("peername") == "info:peername"
 
@@ -59,7 +59,7 @@ def test_close_sends_a_held_head_and_abort_drops_it() -> None:
         t2 = HeadHoldingTransport(other, asyncio.get_running_loop())  # type: ignore[arg-type]
         t2.write(b"HTTP/1.1 200 OK\r\n\r\n")
         t2.abort()
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: by then a held head would have gone out
         assert other.writes == [] and other.aborted
 
     asyncio.run(main())

@@ -21,7 +21,7 @@ def test_ids_have_openais_shape_and_are_unique() -> None:
 def test_ids_made_later_sort_later_and_start_with_the_time() -> None:
     before = time.time_ns() // 1000
     first = new_id("resp")
-    time.sleep(0.002)
+    time.sleep(0.002)  # the time passing is what is tested: the later ids' clock reads later
     later = [new_id("resp") for _ in range(100)]
     assert first < min(later)
     stamp = int(first[5:19], 16)

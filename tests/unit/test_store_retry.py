@@ -22,6 +22,7 @@ from router.state.store import Conversation, StoreUnavailable
 from tests.support import store_fixtures
 from tests.support.pg import PgServer, pg_server  # noqa: F401 - the fixture
 from tests.support.store_fixtures import Postgres, msg, resp
+from tests.support.waits import async_wait_until
 
 pg, pg_dsn = store_fixtures.pg, store_fixtures.pg_dsn
 
@@ -46,6 +47,8 @@ def test_calls_ride_out_a_restart(pg_server: PgServer) -> None:  # noqa: F811
         done: list[str] = []
         stop = asyncio.Event()
 
+        written = [0] * 6  # each writer's puts so far
+
         async def writer(k: int) -> None:
             n = 0
             while not stop.is_set():
@@ -54,12 +57,19 @@ def test_calls_ride_out_a_restart(pg_server: PgServer) -> None:  # noqa: F811
                 assert (await store.get_response(rid, "alice"))["id"] == rid
                 done.append(rid)
                 n += 1
+                written[k] = n
 
         writers = [asyncio.create_task(writer(k)) for k in range(6)]
-        await asyncio.sleep(0.3)
+
+        def failed() -> bool:  # a writer ended: its error is raised by the gather below
+            return any(w.done() for w in writers)
+
+        await async_wait_until(lambda: failed() or all(written), 30, "a put and a read by every writer", interval=0.01)
         before = len(done)
         await asyncio.to_thread(pg_server.restart)
-        await asyncio.sleep(0.5)
+        at_restart = list(written)
+        await async_wait_until(lambda: failed() or all(now > then for now, then in zip(written, at_restart, strict=True)),
+                               30, "a put and a read by every writer after the restart", interval=0.01)
         stop.set()
         await asyncio.gather(*writers)  # any error of theirs fails the test here
         assert len(done) > before

@@ -26,6 +26,7 @@ from backends.errors import WorkerIdleClosed
 from backends.wire import origin_key
 from harness import free_port
 from tests.support.tls_certs import Pki, make_pki
+from tests.support.waits import async_wait_until
 
 
 class Server:
@@ -113,6 +114,12 @@ def _app() -> web.Application:
     return app
 
 
+async def _back_in_the_pool(client: WorkerClient, url: str) -> None:
+    """Waits until a connection to ``url``'s worker is idle in the client's pool: a stream's is once
+    its body's last chunk, which may come after [DONE], has been read."""
+    await async_wait_until(lambda: client.wire._pools[origin_key(url)].idle, 5, f"a connection to {url} back in the pool")
+
+
 async def _client(read_timeout_s: float = 5.0) -> WorkerClient:
     client = WorkerClient(connect_timeout_s=1.0, read_timeout_s=read_timeout_s)
     await client.start()
@@ -140,7 +147,7 @@ def test_keep_alive_reuses_one_connection() -> None:
             stream = await client.open_sse(server.url + "/sse", {"n": n})
             got = [f["i"] async for batch in stream.batches() for f in batch]
             assert got == list(range(n))
-        await asyncio.sleep(0.05)  # a stream's last chunk may come after [DONE]
+        await _back_in_the_pool(client, server.url)  # a stream's last chunk may come after [DONE]
         assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
         assert server.connections == 1
 
@@ -208,6 +215,7 @@ def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
 
     async def main() -> None:
         accepted: list[asyncio.StreamWriter] = []
+        answered = asyncio.Event()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             accepted.append(writer)
@@ -216,15 +224,19 @@ def test_idle_connection_closed_by_the_worker_is_replaced() -> None:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                          % (len(body), body))
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await answered.wait()  # the client has its answer: the connection is idle in its pool
             writer.close()  # keep-alive promised, then closed while idle
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         client = await _client()
         for _ in range(3):
+            answered.clear()
             assert await client.post_json(f"http://127.0.0.1:{port}/x", {}) == {"ok": True}
-            await asyncio.sleep(0.2)
+            answered.set()
+            pool = client.wire._pools[("http", "127.0.0.1", port)]
+            await async_wait_until(lambda: all(conn.closed for conn in pool.idle), 5,  # noqa: B023 - polled now
+                                   "the worker's close of the idle connection seen by the client")
         assert len(accepted) == 3
         await client.close()
         server.close()
@@ -291,9 +303,12 @@ def test_late_close_of_a_finished_stream_does_not_touch_the_next_request() -> No
     async def main(server: Server, client: WorkerClient) -> None:
         stream = await client.open_sse(server.url + "/sse", {"n": 2})
         assert [f["i"] async for b in stream.batches() for f in b] == [0, 1]
-        await asyncio.sleep(0.05)
+        await _back_in_the_pool(client, server.url)
         pending = asyncio.ensure_future(client.post_json(server.url + "/echo", {"c": 3}))
-        await asyncio.sleep(0)
+        pool = client.wire._pools[origin_key(server.url)]
+        # polled at every turn of the loop: it must be caught while it waits for its answer
+        await async_wait_until(lambda: not pool.idle and not pending.done(), 5, "the next request on the kept connection",
+                               interval=0)
         stream.close()  # the connection may now serve `pending`
         assert await pending == {"got": {"c": 3}}
         assert server.connections == 1
@@ -391,7 +406,7 @@ def test_push_mode_delivers_in_order_and_pauses_when_refused() -> None:
         got, batches, yields = await _pushed(await client.open_sse(server.url + "/sse", {"n": 50}), refuse=refuse)
         # each refusal: reading stopped until the consumer came back for more
         assert got == list(range(50)) and yields == len(refuse & set(range(batches))) >= 1
-        await asyncio.sleep(0.05)
+        await _back_in_the_pool(client, server.url)
         assert await client.post_json(server.url + "/echo", {"x": 1}) == {"got": {"x": 1}}
         assert server.connections == 1  # push mode keeps the connection alive like the pull mode
 
@@ -479,7 +494,7 @@ def test_https_workers_are_spoken_to_over_tls_with_keep_alive(tmp_path: Path) ->
             assert await client.post_json(server.url + "/echo", {"i": i}) == {"got": {"i": i}}
         stream = await client.open_sse(server.url + "/sse", {"n": 4})
         assert [f["i"] async for batch in stream.batches() for f in batch] == [0, 1, 2, 3]
-        await asyncio.sleep(0.05)
+        await _back_in_the_pool(client, server.url)
         answer = await client.relay(server.url + "/echo", b'{"raw": true}')
         assert answer.status == 200 and orjson.loads(await answer.read()) == {"got": {"raw": True}}
         with pytest.raises(WorkerHTTPError) as err:

@@ -40,6 +40,7 @@ from backends.sim import build_app, parse_args
 from backends.worker import Worker
 from harness import free_port
 from policies.balance import make_balancer
+from tests.support.waits import async_wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -332,9 +333,11 @@ def test_a_half_open_trial_that_ends_without_a_verdict_frees_its_slot() -> None:
 # ------------------------------------------------------------------ cancellation and bugs
 
 
-async def _cancel_while(pool: Pool, send: Callable[[str, Any], Awaitable[Any]], *, hold: bool = False) -> None:
+async def _cancel_while(pool: Pool, send: Callable[[str, Any], Awaitable[Any]], reached: Callable[[], object], *,
+                        hold: bool = False) -> None:
+    """Cancels the call once ``reached()`` says it is where the test wants it (in the send, in the pause)."""
     task = asyncio.create_task(pool.call().send(send, "", None, hold=hold))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: reached() or task.done(), 5, "the call at the point to cancel it", interval=0)
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -349,7 +352,7 @@ def test_cancelled_while_sending_releases_the_worker() -> None:
         started.append(counted(pool))
         await asyncio.sleep(60)
 
-    run(_cancel_while(pool, hang, hold=True))
+    run(_cancel_while(pool, hang, lambda: started, hold=True))
     assert started == [[1, 0]] and counted(pool) == [0, 0]
     assert [w.breaker.failures for w in pool.workers] == [0, 0] and pool.workers[0].served == 0
 
@@ -358,7 +361,7 @@ def test_cancelled_in_the_pause_between_attempts_holds_nothing(monkeypatch: pyte
     monkeypatch.setattr(calls, "PAUSE_S", (30.0, 30.0))
     pool = pool_of(2)
     send = Script(pool, {}, default=WorkerStreamBroken("reset"))
-    run(_cancel_while(pool, send))
+    run(_cancel_while(pool, send, lambda: send.calls))  # the call failed: it waits out the pause
     assert len(send.calls) == 1 and counted(pool) == [0, 0]
 
 
