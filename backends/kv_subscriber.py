@@ -12,6 +12,8 @@ What can go wrong degrades routing to load alone for that worker, never a reques
   ``replay_endpoint`` (a ROUTER socket, vLLM's replay), the missed batches are asked for from
   ``last + 1``; without one, or when replay does not answer in time or no longer holds them, the
   worker's entries are dropped and build up again from new events;
+- a subscription that starts after the engine did (a replica started late): the batches before
+  its first are asked of the replay socket too, from 0, as far as the engine still keeps them;
 - a sequence that goes back (``seq <= last``): the engine restarted, with an empty cache: its
   entries are dropped (and so does ``Pool`` when it sees the worker come back);
 - a message that does not decode: counted, logged once per worker, skipped;
@@ -87,7 +89,10 @@ class KVSubscriber:
             self._bad(exc)
             return
         last = self.last
-        if last is not None and seq <= last:
+        if last is None and seq > 0 and self.replay_endpoint is not None:
+            # Subscribed after the engine began: what it stored before is asked of the replay socket.
+            await self._replay(0, seq)
+        elif last is not None and seq <= last:
             log.info("KV events from %s went back from %d to %d: the engine restarted; its entries dropped",
                      self.worker, last, seq)
             self._drop()

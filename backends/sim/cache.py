@@ -21,7 +21,7 @@ import hashlib
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from backends.sim.script import message_text
 
@@ -75,10 +75,16 @@ def block_hashes(ids: Sequence[int], block: int, limit: int | None = None) -> li
     return out
 
 
+# What the cache tells a listener (backends/sim/kv_events.py) as it changes: the blocks it stored,
+# each (hash, parent's hash or None, its tokens), in prompt order, and the hashes it evicted.
+Listener = Callable[[list[tuple[bytes, bytes | None, list[int]]], list[bytes]], None]
+
+
 class PrefixCache:
     """Resident blocks in LRU order; capacity 0 turns caching off.
 
-    Counters are in tokens like vLLM's prefix_cache_queries/hits."""
+    Counters are in tokens like vLLM's prefix_cache_queries/hits. ``listener``, when set, hears
+    of every block stored and evicted, as an engine publishes KV-cache events."""
 
     def __init__(self, capacity_blocks: int, block_tokens: int = BLOCK_TOKENS) -> None:
         self.capacity = max(0, capacity_blocks)
@@ -86,6 +92,7 @@ class PrefixCache:
         self._blocks: OrderedDict[bytes, None] = OrderedDict()
         self.queries = 0
         self.hits = 0
+        self.listener: Listener | None = None
 
     @property
     def enabled(self) -> bool:
@@ -115,22 +122,29 @@ class PrefixCache:
             hit += 1
         self.queries += len(ids)
         self.hits += hit * self.block
-        self._insert(hashes)
+        self._insert(ids, hashes)
         return hit * self.block
 
     def insert(self, ids: Sequence[int]) -> None:
         """Cache the full blocks of ids (a prompt and its answer, after generation)."""
         if self.enabled:
-            self._insert(block_hashes(ids, self.block))
+            self._insert(ids, block_hashes(ids, self.block))
 
-    def _insert(self, hashes: list[bytes]) -> None:
+    def _insert(self, ids: Sequence[int], hashes: list[bytes]) -> None:
+        listener = self.listener
+        new = [i for i, h in enumerate(hashes) if h not in self._blocks] if listener is not None else []
         # Touched tail first, so a chain's head is the most recent and goes last:
         # vLLM frees a request's blocks in reverse order for the same reason.
         for h in reversed(hashes):
             self._blocks[h] = None
             self._blocks.move_to_end(h)
+        evicted = []
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            evicted.append(self._blocks.popitem(last=False)[0])
+        if listener is not None and (new or evicted):
+            block = self.block
+            stored = [(hashes[i], hashes[i - 1] if i else None, list(ids[i * block:(i + 1) * block])) for i in new]
+            listener(stored, evicted)
 
 
 class Prefill:

@@ -50,6 +50,11 @@ def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
     p.add_argument("--kv-block-size", type=int, default=BLOCK_TOKENS, help="tokens per cache block")
     p.add_argument("--prefill-us-per-token", type=float, default=0.0,
                    help="compute per uncached prompt token (one prompt at a time) before the first token")
+    p.add_argument("--kv-events-config", default=None,
+                   help="vLLM's flag, as JSON (enable_kv_cache_events, endpoint, replay_endpoint, topic): publish "
+                        "the prefix cache's KV-cache events over ZMQ (backends/sim/kv_events.py)")
+    p.add_argument("--kv-events-encoding", choices=("map", "array"), default="map",
+                   help="each event a map tagged by type (vLLM 0.32) or a positional array (older vLLM)")
     return p
 
 

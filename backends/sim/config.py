@@ -26,6 +26,8 @@ class SimConfig:
     kv_cache_blocks: int = 0  # prefix cache capacity in blocks; 0: no prefix cache
     kv_block_size: int = BLOCK_TOKENS
     prefill_us_per_token: float = 0.0  # added to the time to first token per uncached prompt token
+    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON: publish the cache's events
+    kv_events_encoding: str = "map"  # each event a map tagged by type (vLLM 0.32), or an array (older)
 
     @property
     def reasoning_key(self) -> str:

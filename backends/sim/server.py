@@ -181,6 +181,8 @@ def _drop(request: web.Request) -> web.StreamResponse:
 def build_app(cfg: SimConfig) -> web.Application:
     worker = SimWorker(cfg)
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    if cfg.kv_events_config is not None:
+        _publish_kv_events(app, worker, cfg)
     app.router.add_get("/health", worker.health)
     app.router.add_get("/v1/models", worker.models)
     app.router.add_get("/metrics", worker.metrics)
@@ -189,6 +191,33 @@ def build_app(cfg: SimConfig) -> web.Application:
         from backends.sim.harmony import add_harmony_routes
         add_harmony_routes(app, worker)
     return app
+
+
+def _publish_kv_events(app: web.Application, worker: SimWorker, cfg: SimConfig) -> None:
+    """``--kv-events-config``, as vLLM reads it: the cache's changes published over ZMQ, and
+    ``GET /kv_event_sources`` saying where (keyed by data-parallel rank, as vLLM answers)."""
+    from backends.sim.kv_events import KVEventPublisher
+
+    config = orjson.loads(cfg.kv_events_config or "{}")
+    if not config.get("enable_kv_cache_events"):
+        return
+    publisher = KVEventPublisher(config.get("endpoint") or "tcp://*:5557", replay_endpoint=config.get("replay_endpoint"),
+                                 topic=config.get("topic") or "", encoding=cfg.kv_events_encoding,
+                                 block_size=cfg.kv_block_size)
+    worker.cache.listener = publisher.changed
+
+    async def started(_: web.Application) -> None:
+        publisher.start()
+
+    async def closed(_: web.Application) -> None:
+        publisher.close()
+
+    async def sources(_: web.Request) -> web.Response:
+        return web.json_response({"0": {"publisher": "zmq", **config}})
+
+    app.on_startup.append(started)
+    app.on_cleanup.append(closed)
+    app.router.add_get("/kv_event_sources", sources)
 
 
 async def serve(cfg: SimConfig) -> None:
