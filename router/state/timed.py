@@ -13,14 +13,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from router.state.store import Store
+
 Observe = Callable[[str, float, bool], None]
 _ANSWERS = (LookupError, ValueError)  # answers (an unknown id, ResponseDeleted), not failures of the store
 
 
 class TimedStore:
-    """Wraps a store: attributes read through, coroutine methods timed."""
+    """Wraps a store: attributes read through, coroutine methods timed.
 
-    def __init__(self, store: Any, observe: Observe) -> None:
+    A ``Store`` by forwarding (``__getattr__``), not member by member as router/state/forward.py's
+    views are: every coroutine method is timed alike, whatever the contract grows to; router/app.py
+    casts it to ``Store``."""
+
+    def __init__(self, store: Store, observe: Observe) -> None:
         object.__setattr__(self, "_store", store)
         object.__setattr__(self, "_observe", observe)
 
