@@ -46,14 +46,14 @@ class Assembler:
     _pad = ""
 
     def __init__(self, response: dict[str, Any], *, tools: ToolSet | None = None, summaries: bool = False,
-                 seal: Callable[[str], str] | None = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
+                 encrypt_reasoning: Callable[[str], str] | None = None, ids: ItemIds | None = None, include: Collection[str] = ()) -> None:
         self.response = response
         self.include = frozenset(include)  # the request's: what its events show of the items (the items keep all)
         self.ids = ids or ItemIds(response["id"])  # shared with whatever named the response's input items
         self.output: list[dict[str, Any]] = response["output"]
         self._tools = tools or ToolSet()
         self._summaries = summaries  # reasoning.summary was asked for
-        self._seal = seal  # reasoning text -> encrypted_content, for clients that keep no state here
+        self._encrypt_reasoning = encrypt_reasoning  # reasoning text -> encrypted_content, for clients that keep no state here
         self._seq = 0
         self._open: MessageItem | ReasoningItem | None = None  # the open text-like item
         self._calls: dict[int, Any] = {}  # open tool calls of this turn, by delta index
@@ -231,7 +231,7 @@ class Assembler:
         if type(current) is ReasoningItem:
             return current
         self._close_open(events, "completed")
-        item = ReasoningItem(self, len(self.output), self._summaries, self._seal)
+        item = ReasoningItem(self, len(self.output), self._summaries, self._encrypt_reasoning)
         self._open = item
         item.announce(events)
         return item

@@ -169,10 +169,10 @@ class MessageItem(OpenItem):
 class ReasoningItem(OpenItem):
     """Chain-of-thought as ``reasoning_text`` content, plus a summary part when asked for."""
 
-    def __init__(self, sink: Sink, index: int, summaries: bool, seal: Callable[[str], str] | None = None) -> None:
+    def __init__(self, sink: Sink, index: int, summaries: bool, encrypt: Callable[[str], str] | None = None) -> None:
         super().__init__(sink, index, {"id": sink.ids("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"})
         self._summaries = summaries
-        self._seal = seal
+        self._encrypt = encrypt  # reasoning text -> encrypted_content
         self.chunks: list[str] = []
         # The delta event, its delta and number still to set: copied per piece of reasoning, here and
         # in Assembler.reasoning (the runner's per-token fast path).
@@ -199,8 +199,8 @@ class ReasoningItem(OpenItem):
         events.append(self.sink.event({"type": "response.content_part.done", **base, "part": dict(part)}))
         if self._summaries:
             self._summary(text, events)
-        if self._seal is not None:
-            self.item["encrypted_content"] = self._seal(text)
+        if self._encrypt is not None:
+            self.item["encrypted_content"] = self._encrypt(text)
         self._done(events, status)
 
     def _summary(self, text: str, events: list[Event]) -> None:

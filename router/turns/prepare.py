@@ -95,7 +95,7 @@ async def prepare(req: CreateResponse, owner: str, *, store: Store, models: dict
     return ResponseRun(
         req=req, owner=owner, route=routing.route, tools=tools, prompt_items=prompt_items, response=response,
         record=record, router_tools=router_tools, prelude=prelude, routing=routing, record_routing=target.records, metrics=metrics,
-        seal=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids, reasoning_events=REASONING_EVENTS[events],
+        encrypt_reasoning=_reasoning_sealer(req, sealer, owner), sealer=sealer, item_ids=item_ids, reasoning_events=REASONING_EVENTS[events],
         obfuscate=bool(req.stream) and (req.stream_options or {}).get("include_obfuscation") is True,
     )
 

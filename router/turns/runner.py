@@ -104,7 +104,7 @@ class ResponseRun:
     routing: Routing | None = None  # the arm, and the worker preference for affinity pools
     record_routing: bool = False  # remember where it was served, for the next turn
     metrics: Meters | None = None
-    seal: Callable[[str], str] | None = None  # reasoning text -> encrypted_content, when the client asked for it
+    encrypt_reasoning: Callable[[str], str] | None = None  # reasoning text -> encrypted_content, when asked for
     sealer: Sealer | None = None  # for context_management compaction
     item_ids: ItemIds | None = None  # names the output items (prepare named the input's with it)
     reasoning_events: tuple[str, str] = OPENAI_REASONING  # the streamed reasoning events' names (delta, done)
@@ -123,7 +123,7 @@ class ResponseRun:
 
     def __post_init__(self) -> None:
         summaries = bool((self.req.reasoning or {}).get("summary"))
-        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, seal=self.seal, ids=self.item_ids,
+        self._assembler = Assembler(self.response, tools=self.tools, summaries=summaries, encrypt_reasoning=self.encrypt_reasoning, ids=self.item_ids,
                                     include=self.req.include or ())
         self._assembler.reasoning_events = self.reasoning_events
         if self.obfuscate:
