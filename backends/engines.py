@@ -5,6 +5,7 @@ Nothing about Responses here, only each engine's own HTTP surface.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Sequence
@@ -74,6 +75,7 @@ class LaunchOptions:
     priority: bool = False
     python: str = sys.executable
     derive: bool = True
+    kv_events_dir: str | None = None  # publish KV-cache events on sockets in this folder (``kv_event_endpoints``)
 
 
 # A derived flag: its argv words, and every name under which a user may already have given it (or
@@ -144,6 +146,33 @@ def _sim_flags(o: LaunchOptions) -> list[_Flag]:
 _DERIVE = {"vllm": _vllm_flags, "sglang": _sglang_flags, "sim": _sim_flags}
 
 
+KV_TOPIC = "kv"
+SIM_KV_BLOCKS = 4096  # a managed sim's prefix cache, when its pool indexes KV events and no size is given
+
+
+def kv_event_endpoints(directory: str, port: int) -> tuple[str, str]:
+    """A managed worker's KV-event endpoint and replay endpoint: IPC sockets the engine binds (vLLM
+    binds an ``ipc://`` endpoint), named by the worker's port, so the router knows them too."""
+    return f"ipc://{directory}/kv-{port}", f"ipc://{directory}/kv-{port}-replay"
+
+
+def _kv_event_flags(engine: str, options: LaunchOptions, port: int, given: Sequence[str]) -> list[str]:
+    """``--kv-events-config`` (vLLM's flag, SGLang's and the sim's alike) for a worker on ``port``;
+    vLLM with prefix caching on, the sim with a prefix cache."""
+    if options.kv_events_dir is None or not options.derive:
+        return []
+    named = {_flag_name(word) for word in given if word.startswith("-")}
+    endpoint, replay = kv_event_endpoints(options.kv_events_dir, port)
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay,
+              "topic": KV_TOPIC}
+    out = [] if "--kv-events-config" in named else ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+    if engine == "vllm" and not named & {"--enable-prefix-caching", "--no-enable-prefix-caching"}:
+        out.append("--enable-prefix-caching")
+    if engine == "sim" and "--kv-cache-blocks" not in named:
+        out += ["--kv-cache-blocks", str(SIM_KV_BLOCKS)]
+    return out
+
+
 def _flag_name(word: str) -> str:
     """``--max_model_len=4096`` -> ``--max-model-len`` (vLLM and SGLang take underscores too)."""
     name = word.split("=", 1)[0]
@@ -169,7 +198,8 @@ def launch_command(engine: str, template: list[str], *, host: str, port: int, mo
     options = options or LaunchOptions()
     parts = template or list(ENGINES[engine].command)
     argv = [part.format(host=host, port=port, model=model, python=options.python) for part in parts]
-    return argv + derived_flags(engine, options, argv + list(extra)) + list(extra)
+    given = argv + list(extra)
+    return argv + derived_flags(engine, options, given) + _kv_event_flags(engine, options, port, given) + list(extra)
 
 
 # The gauge that says how many requests wait inside the engine (its own queue), per engine.

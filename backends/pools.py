@@ -24,6 +24,7 @@ from backends.calls import WorkerCall
 from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from backends.errors import NoHealthyWorker
+from backends.kv_feed import KVFeed
 from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import Balancer
@@ -50,6 +51,7 @@ class Pool:
     affinity: Affinity | None = None  # for pools whose policy is affinity
     scrape_metrics: bool = False  # read engines' queue lengths and KV usage into Worker with each health round
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
+    kv: KVFeed | None = None  # the prefix index from the workers' KV events, when the pool has them
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
     _status: str | None = None  # as last logged (``_note_status``)
@@ -78,6 +80,8 @@ class Pool:
                 await self._health_task
             except asyncio.CancelledError:
                 pass
+        if self.kv is not None:
+            await self.kv.stop()
         await self.client.close()
 
     async def _discover_context(self) -> int | None:
@@ -188,6 +192,8 @@ class Pool:
             if not worker.healthy:
                 log.info("pool %s: worker %s healthy", self.name, worker.url)
                 worker.lacks.clear()
+                if self.kv is not None:
+                    self.kv.restarted(worker.url)
             worker.healthy = True
             worker.last_error = None
             worker.health_failures = 0
@@ -241,5 +247,13 @@ class Pool:
             "healthy_workers": healthy,
             "available_workers": available,
             "affinity_moves": dict(self.affinity_moves),
-            "workers": [w.describe() for w in self.workers],
+            "workers": [self._describe(w) for w in self.workers],
         }
+
+    def _describe(self, worker: Worker) -> dict[str, Any]:
+        out = worker.describe()
+        if self.kv is not None:
+            counts = self.kv.counts(worker.url)
+            out["kv_events"] = {"blocks": self.kv.held(worker.url), "messages": counts.messages if counts else 0,
+                                "gaps": counts.gaps if counts else 0, "bad": counts.bad if counts else 0}
+        return out

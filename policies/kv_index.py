@@ -108,6 +108,11 @@ class KVIndex:
         """(worker, block) entries held."""
         return self._entries
 
+    def held(self, worker: str) -> int:
+        """Entries held for ``worker``."""
+        handles = self._handles.get(worker)
+        return len(handles) if handles is not None else 0
+
     def block_size(self, space: Space = DEFAULT_SPACE) -> int | None:
         return self._block_size.get(space)
 

@@ -10,22 +10,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import shutil
 import ssl
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 
 from backends.client import TLSError, WireLimits, WorkerClient, tls_context
-from backends.engines import LaunchOptions
+from backends.engines import LaunchOptions, kv_event_endpoints
+from backends.kv_feed import KVFeed
 from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports, start_workers
 from backends.pools import Pool
 from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
+from policies.kv_index import KVIndex
 from router import telemetry
 from router.api import access
 from router.api.admin import AdminAPI
@@ -69,6 +74,7 @@ class RouterApp:
     background: BackgroundRuns
     metrics: RouterMetrics | None = None
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
+    kv_events_dir: str | None = None  # the sockets managed engines publish KV events on
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: asyncio.Future[None] | None = None
 
@@ -87,6 +93,24 @@ class RouterApp:
                 await pool.client.close()
             await pool.start()
             await self._check_workers(cfg, pool)
+            if pool.kv is not None:
+                await self._watch_kv_events(cfg, pool)
+
+    async def _watch_kv_events(self, cfg: PoolConfig, pool: Pool) -> None:
+        """Each worker's KV events into the pool's index (backends/kv_feed.py): a managed worker's on
+        the router's own socket, an external one's as configured or as it reports."""
+        feed, events = pool.kv, cfg.kv_events
+        assert feed is not None
+        for i, worker in enumerate(pool.workers):
+            if cfg.managed is not None and self.kv_events_dir is not None:
+                feed.watch(worker.url, *kv_event_endpoints(self.kv_events_dir, urlsplit(worker.url).port or 0))
+            elif events.endpoints is not None:
+                feed.watch(worker.url, events.endpoints[i],
+                           events.replay_endpoints[i] if events.replay_endpoints is not None else None)
+            else:
+                found = await feed.discover(pool.client, worker.url)
+                if found is not None:
+                    feed.watch(worker.url, *found)
 
     async def _check_workers(self, cfg: PoolConfig, pool: Pool) -> None:
         """One line per pool: what its workers say they serve, and what will not work (backends/launcher.py
@@ -137,6 +161,8 @@ class RouterApp:
         await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
         await self.store.close()
+        if self.kv_events_dir is not None:
+            shutil.rmtree(self.kv_events_dir, ignore_errors=True)
         await asyncio.to_thread(telemetry.shutdown)  # the last spans, within telemetry.FLUSH_S
 
     async def _launch(self, cfg: PoolConfig, pool: Pool) -> list[ManagedWorker]:
@@ -145,7 +171,9 @@ class RouterApp:
         host = "127.0.0.1"
         ports = free_ports(*managed.port_range, managed.replicas, host)
         log_dir = self.base_dir / managed.log_dir if managed.log_dir else None
-        options = launch_options(cfg, self.base_dir)
+        if cfg.kv_events.enabled and self.kv_events_dir is None:
+            self.kv_events_dir = tempfile.mkdtemp(prefix="responses-router-kv-")
+        options = launch_options(cfg, self.base_dir, self.kv_events_dir if cfg.kv_events.enabled else None)
         specs = [
             WorkerSpec(
                 engine=cfg.engine,
@@ -167,7 +195,7 @@ class RouterApp:
         return workers
 
 
-def launch_options(cfg: PoolConfig, base_dir: Path) -> LaunchOptions:
+def launch_options(cfg: PoolConfig, base_dir: Path, kv_events_dir: str | None = None) -> LaunchOptions:
     """What a managed pool's config says its engine must be started with (backends/engines.py
     ``derived_flags``): derived for the engine's own command unless ``derive_flags`` says otherwise."""
     managed = cfg.managed
@@ -182,7 +210,7 @@ def launch_options(cfg: PoolConfig, base_dir: Path) -> LaunchOptions:
         dialect=cfg.dialect, context_length=cfg.context_length,
         tensor_parallel=len(managed.gpus) // managed.replicas if managed.gpus else None,
         tool_call_parser=managed.tool_call_parser, reasoning_parser=managed.reasoning_parser,
-        priority=cfg.honor_service_tier, python=python, derive=derive,
+        priority=cfg.honor_service_tier, python=python, derive=derive, kv_events_dir=kv_events_dir,
     )
 
 
@@ -218,6 +246,8 @@ def _pool(cfg: PoolConfig, index: int, base_dir: Path) -> Pool:
     if affinity:
         pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)
     pool.scrape_metrics = cfg.scrape_metrics
+    if cfg.kv_events.enabled:
+        pool.kv = KVFeed(cfg.name, KVIndex(cfg.kv_events.max_blocks), topic=cfg.kv_events.topic)
     return pool
 
 

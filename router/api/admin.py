@@ -55,6 +55,10 @@ class AdminAPI:
         worker = Worker(url)
         pool.workers.append(worker)
         await pool.check_health()  # routable as soon as it answers
+        if pool.kv is not None:  # its KV events, where it says it publishes them
+            found = await pool.kv.discover(pool.client, url)
+            if found is not None:
+                pool.kv.watch(url, *found)
         return json_response(pool.describe())
 
     async def remove_worker(self, request: Request) -> Body:
@@ -66,6 +70,8 @@ class AdminAPI:
             raise NotFound(f"no external worker {url!r} in pool {pool.name!r}", param="url")
         pool.workers.remove(worker)  # requests in flight on it finish; no new ones go there
         pool.client.forget(url)  # its idle connections close now, the busy ones as their requests end
+        if pool.kv is not None:
+            pool.kv.unwatch(url)  # what it held is no longer a reason to go there
         return json_response(pool.describe())
 
     def _pool(self, request: Request) -> Pool:

@@ -70,6 +70,21 @@ class ChatConfig(Section):
     media_urls: Literal["any", "data_only"] = "any"
 
 
+class KVEventsConfig(Section):
+    """The pool's prefix index, fed by its engines' KV-cache events (backends/kv_feed.py)."""
+
+    # Subscribe to every worker's events. A managed pool's engines are started publishing them
+    # (--kv-events-config, on a socket of the router's own); external ones must be.
+    enabled: bool = False
+    # External workers: each one's event endpoint ("tcp://host:port") and replay endpoint, in the
+    # order of urls; unset: asked of each worker (vLLM's GET /kv_event_sources).
+    endpoints: list[str] | None = None
+    replay_endpoints: list[str] | None = None
+    topic: str = "kv"
+    # Indexed (worker, block) entries at most; the oldest go first.
+    max_blocks: int = Field(default=1_000_000, ge=1, le=100_000_000)
+
+
 class PoolConfig(Section):
     name: str = Field(min_length=1)
     engine: Literal["vllm", "sglang", "sim"]
@@ -111,6 +126,7 @@ class PoolConfig(Section):
     # The pool honours service_tier: its engine schedules by request priority (a managed engine
     # is started so: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling).
     honor_service_tier: bool = False
+    kv_events: KVEventsConfig = KVEventsConfig()
 
     @model_validator(mode="after")
     def _workers(self) -> PoolConfig:
@@ -126,6 +142,11 @@ class PoolConfig(Section):
                 raise FieldReference(f"urls[{i}]", f"{url!r}: {exc}") from None
             if not parts.hostname:
                 raise FieldReference(f"urls[{i}]", f"{url!r} names no host")
+        events = self.kv_events
+        for key in ("endpoints", "replay_endpoints"):
+            given = getattr(events, key)
+            if given is not None and (self.managed is not None or len(given) != len(self.urls)):
+                raise FieldReference(f"kv_events.{key}", "one per url, for external workers (a managed pool's are the router's)")
         if self.tls_key_file is not None and self.tls_cert_file is None:
             raise FieldReference("tls_key_file", "a client key needs its certificate: set tls_cert_file too")
         tls = next((k for k in ("tls_ca_file", "tls_cert_file") if getattr(self, k) is not None), None)

@@ -97,3 +97,38 @@ def test_vllm_parses_the_command_lines_the_launcher_builds(vllm_prepared: Any) -
     # The parser names used above are ones this vLLM knows (it checks them only when it starts).
     assert {"openai", "hermes"} <= set(got["tool_parsers"])
     assert {"openai_gptoss", "deepseek_r1"} <= set(got["reasoning_parsers"])
+
+
+# What vLLM understands of a KV-events command line: its own KVEventsConfig, from the flag's JSON.
+PARSE_KV = r'''
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+argv = json.load(sys.stdin)
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+validate_parsed_serve_args(args)
+engine = AsyncEngineArgs.from_cli_args(args)
+kv = engine.kv_events_config
+print(json.dumps({"prefix_caching": engine.enable_prefix_caching, "enabled": kv.enable_kv_cache_events,
+                  "publisher": kv.publisher, "endpoint": kv.endpoint, "replay": kv.replay_endpoint, "topic": kv.topic}))
+'''
+
+
+def test_vllm_reads_the_kv_events_flags_the_launcher_builds(vllm_prepared: Any) -> None:  # noqa: F811
+    from backends.engines import kv_event_endpoints
+
+    prepared = vllm_prepared
+    argv = launch_command("vllm", [], host="127.0.0.1", port=18004, model=str(prepared.chat_model), extra=[],
+                          options=LaunchOptions(python=str(prepared.python), kv_events_dir="/tmp/rr-kv"))
+    done = subprocess.run([str(prepared.python), "-c", PARSE_KV], input=json.dumps(_args_after_module(argv)),
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **prepared.engine_env()})
+    assert done.returncode == 0, f"vLLM's parser refused the command line:\n{done.stderr[-4000:]}"
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    endpoint, replay = kv_event_endpoints("/tmp/rr-kv", 18004)
+    assert got == {"prefix_caching": True, "enabled": True, "publisher": "zmq", "endpoint": endpoint, "replay": replay,
+                   "topic": "kv"}
