@@ -102,7 +102,7 @@ class Workers(Protocol):
     """What a call needs of its pool (backends/pools.py ``Pool``): a pick, and where each outcome goes."""
 
     def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None,
-             prefix_key: str | None = None) -> Worker: ...
+             prefix_key: str | None = None, prompt_ids: Sequence[int] | None = None) -> Worker: ...
 
     def mark_down(self, worker: Worker, reason: str) -> None: ...
 
@@ -120,13 +120,14 @@ class WorkerCall:
     5xx counts neither for nor against the worker (the passthrough).
     """
 
-    __slots__ = ("pool", "preferred", "prefix_key", "exclude", "relayed", "worker", "ticket", "last")
+    __slots__ = ("pool", "preferred", "prefix_key", "prompt_ids", "exclude", "relayed", "worker", "ticket", "last")
 
     def __init__(self, pool: Workers, *, preferred: str | None = None, prefix_key: str | None = None,
                  exclude: Sequence[Worker] = (), relayed: bool = False) -> None:
         self.pool = pool
         self.preferred = preferred
         self.prefix_key = prefix_key
+        self.prompt_ids: Sequence[int] | None = None  # the prompt's token ids, for a kv_aware pool's pick
         self.exclude = exclude
         self.relayed = relayed
         self.worker: Worker | None = None  # the worker held (counted in flight) now
@@ -152,7 +153,7 @@ class WorkerCall:
         deadline = 0.0
         while True:
             try:
-                worker = pool.pick(tried, preferred=self.preferred, prefix_key=self.prefix_key)
+                worker = pool.pick(tried, preferred=self.preferred, prefix_key=self.prefix_key, prompt_ids=self.prompt_ids)
             except NoHealthyWorker:
                 if last is not None:
                     raise last from None

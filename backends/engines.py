@@ -170,6 +170,8 @@ def _kv_event_flags(engine: str, options: LaunchOptions, port: int, given: Seque
         out.append("--enable-prefix-caching")
     if engine == "sim" and "--kv-cache-blocks" not in named:
         out += ["--kv-cache-blocks", str(SIM_KV_BLOCKS)]
+    if engine == "sim" and "--tokenize" not in named:
+        out.append("--tokenize")  # the prompt's ids, as vLLM's /tokenize gives them
     return out
 
 

@@ -28,12 +28,16 @@ from backends.kv_feed import KVFeed
 from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import Balancer
+from policies.kv_aware import KVAware
+from policies.kv_index import block_keys
 
 __all__ = ["NoHealthyWorker", "Pool"]
 
 log = logging.getLogger("router.pools")
 
 
+# The block size a kv_aware pool keys a prompt with before any event said its engine's (vLLM's GPU default).
+KV_BLOCK_GUESS = 16
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_MARK_DOWN = 3
 
@@ -52,6 +56,8 @@ class Pool:
     scrape_metrics: bool = False  # read engines' queue lengths and KV usage into Worker with each health round
     no_generate: bool = False  # vLLM workers without the token-level generate endpoint (seen answering 404)
     kv: KVFeed | None = None  # the prefix index from the workers' KV events, when the pool has them
+    kv_policy: KVAware | None = None  # policy kv_aware: picks by the index (``pick``'s prompt_ids)
+    kv_decisions: dict[str, int] = field(default_factory=dict)  # reason (cache, load) -> count
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
     _status: str | None = None  # as last logged (``_note_status``)
@@ -99,11 +105,12 @@ class Pool:
                     return model["max_model_len"]
         return None
 
-    def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None, prefix_key: str | None = None) -> Worker:
+    def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None, prefix_key: str | None = None,
+             prompt_ids: Sequence[int] | None = None) -> Worker:
         """A healthy worker chosen by the policy; NoHealthyWorker when there is none.
 
         ``preferred`` (the worker that served the previous turn) and ``prefix_key``
-        matter only to an affinity pool.
+        matter only to an affinity pool, ``prompt_ids`` (the prompt's token ids) to a kv_aware one.
         """
         now = time.monotonic()
         healthy = [w for w in self.workers if w.healthy and w not in exclude]
@@ -115,6 +122,8 @@ class Pool:
                 raise NoHealthyWorker(f"circuit open on all workers of pool {self.name!r} (after "
                                       f"{CIRCUIT_FAILURES} failed calls in a row; {trial})", code="circuit_open")
             raise NoHealthyWorker(f"pool {self.name!r} has no healthy worker")
+        if self.kv_policy is not None and prompt_ids:
+            return self._kv_pick(candidates, prompt_ids, now)
         if self.affinity is None:
             return self.balancer.choose(candidates)
         choice = self.affinity.choose(candidates, preferred=preferred, prefix_key=prefix_key)
@@ -247,8 +256,21 @@ class Pool:
             "healthy_workers": healthy,
             "available_workers": available,
             "affinity_moves": dict(self.affinity_moves),
+            **({"kv_decisions": dict(self.kv_decisions)} if self.kv_policy is not None else {}),
             "workers": [self._describe(w) for w in self.workers],
         }
+
+    def _kv_pick(self, candidates: list[Worker], prompt_ids: Sequence[int], now: float) -> Worker:
+        """The index's cached prefix of each candidate, weighed against its load (policies/kv_aware.py)."""
+        assert self.kv is not None and self.kv_policy is not None
+        index = self.kv.index
+        size = index.block_size() or KV_BLOCK_GUESS
+        keys = block_keys(prompt_ids, size)
+        chosen, why = self.kv_policy.choose(candidates, len(prompt_ids), index.overlap(prompt_ids, keys=keys),
+                                            prefix_keys=keys, now=now)
+        self.kv_policy.routed(chosen.url, keys, size, now)
+        self.kv_decisions[why.reason] = self.kv_decisions.get(why.reason, 0) + 1
+        return chosen
 
     def _describe(self, worker: Worker) -> dict[str, Any]:
         out = worker.describe()

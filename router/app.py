@@ -30,6 +30,7 @@ from backends.pools import Pool
 from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import make_balancer
+from policies.kv_aware import KVAware
 from policies.kv_index import KVIndex
 from router import telemetry
 from router.api import access
@@ -231,11 +232,12 @@ def _tls(cfg: PoolConfig, index: int, base_dir: Path) -> ssl.SSLContext | None:
 
 def _pool(cfg: PoolConfig, index: int, base_dir: Path) -> Pool:
     affinity = cfg.policy == "affinity"
+    by_load = affinity or cfg.policy == "kv_aware"  # what they fall back to, and pick by when they have nothing else
     limits = WireLimits(max_answer_bytes=cfg.max_answer_bytes, max_frame_bytes=cfg.max_frame_bytes,
                         first_byte_timeout_s=cfg.first_byte_timeout_s)
     pool = Pool.create(
         name=cfg.name, engine=cfg.engine, model=cfg.model,
-        balancer=make_balancer("least_load" if affinity else cfg.policy), urls=cfg.urls,
+        balancer=make_balancer("least_load" if by_load else cfg.policy), urls=cfg.urls,
         connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s, health_interval_s=cfg.health_interval_s,
         limits=limits,
     )
@@ -246,8 +248,12 @@ def _pool(cfg: PoolConfig, index: int, base_dir: Path) -> Pool:
     if affinity:
         pool.affinity = Affinity(pool.balancer, overload_factor=cfg.overload_factor)
     pool.scrape_metrics = cfg.scrape_metrics
-    if cfg.kv_events.enabled:
-        pool.kv = KVFeed(cfg.name, KVIndex(cfg.kv_events.max_blocks), topic=cfg.kv_events.topic)
+    events = cfg.kv_events
+    if events.enabled:
+        pool.kv = KVFeed(cfg.name, KVIndex(events.max_blocks), topic=events.topic)
+    if cfg.policy == "kv_aware":
+        pool.kv_policy = KVAware(tokens_per_request=events.tokens_per_request, window=events.window,
+                                 speculative_s=events.speculative_s)
     return pool
 
 

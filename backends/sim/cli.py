@@ -53,6 +53,8 @@ def parser(prog: str = "python -m backends.sim") -> argparse.ArgumentParser:
     p.add_argument("--kv-events-config", default=None,
                    help="vLLM's flag, as JSON (enable_kv_cache_events, endpoint, replay_endpoint, topic): publish "
                         "the prefix cache's KV-cache events over ZMQ (backends/sim/kv_events.py)")
+    p.add_argument("--tokenize", action="store_true",
+                   help="serve vLLM's POST /tokenize: chat messages as the token ids the prefix cache and its events use")
     p.add_argument("--kv-events-encoding", choices=("map", "array"), default="map",
                    help="each event a map tagged by type (vLLM 0.32) or a positional array (older vLLM)")
     return p

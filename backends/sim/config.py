@@ -28,6 +28,7 @@ class SimConfig:
     prefill_us_per_token: float = 0.0  # added to the time to first token per uncached prompt token
     kv_events_config: str | None = None  # vLLM's --kv-events-config JSON: publish the cache's events
     kv_events_encoding: str = "map"  # each event a map tagged by type (vLLM 0.32), or an array (older)
+    tokenize: bool = False  # serve vLLM's POST /tokenize (chat messages -> the ids the prefix cache keys)
 
     @property
     def reasoning_key(self) -> str:

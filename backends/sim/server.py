@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from backends.sim.bodies import chunk_body, completion_body, usage
-from backends.sim.cache import Prefill, PrefixCache, reply_ids
+from backends.sim.cache import Prefill, PrefixCache, chat_token_ids, reply_ids
 from backends.sim.config import SimConfig
 from backends.sim.metrics import Stats, render_metrics
 from backends.sim.plan import Plan, plan_request
@@ -82,6 +82,19 @@ class SimWorker:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's chat form of ``POST /tokenize``: the prompt's ids as this sim tokenizes it (what its
+        prefix cache keys and its KV events carry), ``count`` and ``max_model_len`` beside them."""
+        try:
+            body = orjson.loads(await request.read())
+            messages = body["messages"]
+            if not isinstance(messages, list):
+                raise TypeError("messages")
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return self.error(400, "tokenize takes a JSON body with messages", "messages")
+        ids = chat_token_ids(messages)
+        return web.json_response({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids})
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.cfg.model, "object": "model", "created": int(time.time()),
@@ -187,6 +200,8 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", worker.models)
     app.router.add_get("/metrics", worker.metrics)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
+    if cfg.tokenize:
+        app.router.add_post("/tokenize", worker.tokenize)
     if cfg.dialect == "harmony":
         from backends.sim.harmony import add_harmony_routes
         add_harmony_routes(app, worker)

@@ -83,6 +83,12 @@ class KVEventsConfig(Section):
     topic: str = "kv"
     # Indexed (worker, block) entries at most; the oldest go first.
     max_blocks: int = Field(default=1_000_000, ge=1, le=100_000_000)
+    # policy = "kv_aware" (policies/kv_aware.py): cost = prompt tokens not cached / tokens_per_request
+    # + load, among the workers within window (in requests) of the least loaded; a prompt just routed
+    # counts as cached on its worker for speculative_s.
+    tokens_per_request: float = Field(default=1024.0, gt=0)
+    window: float = Field(default=4.0, ge=0)
+    speculative_s: float = Field(default=2.0, ge=0, le=60)
 
 
 class PoolConfig(Section):
@@ -100,7 +106,8 @@ class PoolConfig(Section):
     # affinity: a continuation goes back to the worker that served its previous turn (its KV prefix),
     # a new conversation to a worker chosen by a hash of its prefix, unless that worker is down or
     # loaded above overload_factor x the pool's mean; then least load.
-    policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity"] = "least_in_flight"
+    # kv_aware: where the prompt's prefix is cached, weighed against load ([pools.kv_events]).
+    policy: Literal["round_robin", "least_in_flight", "least_load", "power_of_two", "affinity", "kv_aware"] = "least_in_flight"
     overload_factor: float = Field(default=1.5, ge=1)
     health_interval_s: float = Field(default=2.0, gt=0)
     # Read each worker's queue length from its /metrics with every health check, so that
@@ -143,6 +150,8 @@ class PoolConfig(Section):
             if not parts.hostname:
                 raise FieldReference(f"urls[{i}]", f"{url!r} names no host")
         events = self.kv_events
+        if self.policy == "kv_aware" and not events.enabled:
+            raise FieldReference("policy", "kv_aware reads the workers' KV events: set [pools.kv_events] enabled = true")
         for key in ("endpoints", "replay_endpoints"):
             given = getattr(events, key)
             if given is not None and (self.managed is not None or len(given) != len(self.urls)):

@@ -23,6 +23,7 @@ from router.protocol.requests import CreateResponse, compact_threshold
 from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
 from router.protocol.shapes import usage_object
 from router.protocol.tools import ToolSet, build_toolset
+from router.turns.prompt_ids import LACKING, TOKENIZE_PATH
 from router.turns.route import ModelRoute
 from router.turns.upstream import Upstream
 
@@ -36,8 +37,6 @@ SUMMARY_PROMPT = (
 # The summary's own output cap: a model that never stops gives a summary cut here (what the
 # client's next turn reads), not a call that runs into the pool's read timeout.
 SUMMARY_MAX_OUTPUT_TOKENS = 2048
-TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server root; a worker without it is marked in ``Worker.lacks``
-LACKING = (404, 405, 501)  # a worker's answers that say it has no such endpoint (all made a 404)
 
 
 async def summarize(route: ModelRoute, req: CreateResponse, items: list[Item], rid: str, *,

@@ -24,6 +24,7 @@ from backends.worker import Worker
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
 from router.protocol.items import Item
+from router.turns.prompt_ids import prompt_ids
 
 log = logging.getLogger("router.turns")
 
@@ -64,6 +65,8 @@ class Upstream:
                 items = shorter
                 continue
             path = turn.path
+            if self.pool.kv_policy is not None:  # where the prompt is cached decides (router/turns/prompt_ids.py)
+                self.call.prompt_ids = await prompt_ids(self.pool, turn, items, body)
             try:
                 if stream:
                     return await self.call.send(client.open_sse, path, body, hold=True), items
