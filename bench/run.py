@@ -176,8 +176,11 @@ def affinity_rows(res: dict[str, Any]) -> list[report.Row]:
     """Item 7 in the main table: round robin in the baseline column, affinity in the router column."""
     if "affinity" not in res:
         return []
-    return [report.Row("7", f"affinity vs round robin: {measure}", rr, af, ratio)
-            for measure, rr, af, ratio in affinity.rows(res["affinity"])]
+    out = []
+    for measure, rr, af in affinity.rows(res["affinity"]):
+        value, ratio = (af[:-1].rsplit(" (", 1)) if af.endswith("x)") else (af, "")
+        out.append(report.Row("7", f"affinity vs round robin: {measure}", rr, value, ratio))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
