@@ -158,8 +158,10 @@ def kv_event_endpoints(directory: str, port: int) -> tuple[str, str]:
 
 def _kv_event_flags(engine: str, options: LaunchOptions, port: int, given: Sequence[str]) -> list[str]:
     """``--kv-events-config`` (vLLM's flag, SGLang's and the sim's alike) for a worker on ``port``;
-    vLLM with prefix caching on, the sim with a prefix cache."""
-    if options.kv_events_dir is None or not options.derive:
+    vLLM with prefix caching on, the sim with a prefix cache. Asked for by ``[pools.kv_events]``, so
+    given to a command of the user's own too (the router must know where the events are), unless
+    it names the flag itself."""
+    if options.kv_events_dir is None:
         return []
     named = {_flag_name(word) for word in given if word.startswith("-")}
     endpoint, replay = kv_event_endpoints(options.kv_events_dir, port)
