@@ -58,6 +58,7 @@ class Pool:
     kv: KVFeed | None = None  # the prefix index from the workers' KV events, when the pool has them
     kv_policy: KVAware | None = None  # policy kv_aware: picks by the index (``pick``'s prompt_ids)
     kv_decisions: dict[str, int] = field(default_factory=dict)  # reason (cache, load) -> count
+    kv_expected_tokens: int = 0  # the cached prompt tokens its picks expected, summed (the engines report theirs)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
     _status: str | None = None  # as last logged (``_note_status``)
@@ -270,6 +271,7 @@ class Pool:
                                             prefix_keys=keys, now=now)
         self.kv_policy.routed(chosen.url, keys, size, now)
         self.kv_decisions[why.reason] = self.kv_decisions.get(why.reason, 0) + 1
+        self.kv_expected_tokens += why.expected_cached
         return chosen
 
     def _describe(self, worker: Worker) -> dict[str, Any]:

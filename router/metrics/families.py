@@ -62,6 +62,24 @@ class RouterMetrics:
                                              ("pool", "worker"), lambda: self._worker_rows(_in_flight))
         self.worker_restarts = r.gauge_func(_P + "worker_restarts", "Restarts of a managed worker.", ("pool", "worker"),
                                             lambda: self._worker_rows(_restarts))
+        self.kv_index_blocks = r.gauge_func(
+            _P + "kv_index_blocks", "KV-cache blocks the pool's index holds for the worker, from its engine's KV events.",
+            ("pool", "worker"), lambda: self._kv_rows(lambda feed, url: feed.held(url)))
+        self.kv_event_messages = r.counter_func(
+            _P + "kv_event_messages_total", "KV-event messages received from the worker (replayed ones included).",
+            ("pool", "worker"), lambda: self._kv_rows(lambda feed, url: _kv_count(feed, url, "messages")))
+        self.kv_event_problems = r.counter_func(
+            _P + "kv_event_problems_total", "What went wrong with the worker's KV events, by kind: gap (messages "
+            "missed), bad (did not decode), dropped (its entries dropped: a gap not replayed, a restart).",
+            ("pool", "worker", "kind"), self._kv_problem_rows)
+        self.kv_decisions = r.counter_func(
+            _P + "kv_decisions_total", "kv_aware picks by reason: cache (a cached prefix decided), load (no worker "
+            "within the load window held any of the prompt).", ("pool", "reason"),
+            lambda: [((p.name, reason), n) for p in self._pools() for reason, n in getattr(p, "kv_decisions", {}).items()])
+        self.kv_expected_cached = r.counter_func(
+            _P + "kv_expected_cached_tokens_total", "Prompt tokens kv_aware picks expected cached on the worker they "
+            "chose; against the engines' own report, cached_tokens_total.", ("pool",),
+            lambda: [((p.name,), p.kv_expected_tokens) for p in self._pools() if getattr(p, "kv_policy", None) is not None])
         route = (*_MAP, "route")
         self.passthrough_requests = r.counter(
             _P + "passthrough_requests_total", "Relayed chat/completions requests, by the answer's HTTP status "
@@ -114,6 +132,19 @@ class RouterMetrics:
         for pool in self._pools():
             for worker in pool.workers:
                 yield (pool.name, worker.url), value(worker)
+
+    def _kv_rows(self, value: Callable[[Any, str], float]) -> Iterable[tuple[Labels, float]]:
+        for pool in self._pools():
+            feed = getattr(pool, "kv", None)
+            if feed is not None:
+                for worker in pool.workers:
+                    yield (pool.name, worker.url), value(feed, worker.url)
+
+    def _kv_problem_rows(self) -> Iterable[tuple[Labels, float]]:
+        for (pool, url), _ in self._kv_rows(lambda feed, url: 0.0):
+            feed = next(p.kv for p in self._pools() if p.name == pool)
+            for kind, field_name in (("gap", "gaps"), ("bad", "bad"), ("dropped", "dropped")):
+                yield (pool, url, kind), _kv_count(feed, url, field_name)
 
     def watch_requests(self, in_flight: Callable[[], int]) -> None:
         """Where ``requests_in_flight`` reads from at render time."""
@@ -188,6 +219,11 @@ def _in_flight(worker: Any) -> float:
 def _restarts(worker: Any) -> float:
     process = getattr(worker, "process", None)
     return float(getattr(process, "restarts", 0) or 0)
+
+
+def _kv_count(feed: Any, url: str, name: str) -> float:
+    counts = feed.counts(url)
+    return float(getattr(counts, name)) if counts is not None else 0.0
 
 
 def _usage_counts(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None, int | None]:

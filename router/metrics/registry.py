@@ -173,6 +173,13 @@ class GaugeFunc(_Metric):
             yield self.name, _label_text(names, labels), float(value)
 
 
+class CounterFunc(GaugeFunc):
+    """A counter whose samples come from ``fn()`` at render time (a count kept elsewhere, only ever rising)."""
+
+    type = "counter"
+    __slots__ = ()
+
+
 class Histogram(_Metric):
     """Cumulative-bucket histogram. ``buckets`` are the finite upper bounds (``le``), ascending; ``+Inf`` is implied.
 
@@ -245,6 +252,10 @@ class Registry:
     def gauge_func(self, name: str, help: str, labelnames: Sequence[str],
                    fn: Callable[[], Iterable[tuple[Labels, float]]]) -> GaugeFunc:
         return self.register(GaugeFunc(name, help, labelnames, fn))
+
+    def counter_func(self, name: str, help: str, labelnames: Sequence[str],
+                     fn: Callable[[], Iterable[tuple[Labels, float]]]) -> CounterFunc:
+        return self.register(CounterFunc(name, help, labelnames, fn))
 
     def histogram(self, name: str, help: str, labelnames: Sequence[str], buckets: Sequence[float]) -> Histogram:
         return self.register(Histogram(name, help, labelnames, buckets))

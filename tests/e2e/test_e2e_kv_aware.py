@@ -59,3 +59,20 @@ def test_unrelated_prompts_spread_by_load(router: RouterProcess) -> None:
     workers = Counter(_create(router, f"topic {i} " + " ".join(f"t{i}w{j}" for j in range(40)), "go").headers["x-router-worker"]
                       for i in range(12))
     assert len(workers) == 2, workers  # nothing cached anywhere: not all on one worker
+
+
+def test_the_metrics_explain_the_picks(router: RouterProcess) -> None:
+    _create(router, SYSTEM, "one more")
+    text = httpx.get(router.base_url + "/metrics", timeout=10).text
+
+    def samples(name: str) -> dict[str, float]:
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith(name + "{")}
+
+    decisions = samples("responses_router_kv_decisions_total")
+    assert decisions['responses_router_kv_decisions_total{pool="sim",reason="cache"}'] >= 7
+    expected = samples("responses_router_kv_expected_cached_tokens_total")['responses_router_kv_expected_cached_tokens_total{pool="sim"}']
+    reported = sum(samples("responses_router_cached_tokens_total").values())
+    assert expected >= 7 * SHARED_BLOCKS * 16 and reported >= expected * 0.5  # the engine found what the index said
+    assert sum(samples("responses_router_kv_index_blocks").values()) > 0
+    assert sum(samples("responses_router_kv_event_messages_total").values()) > 0
+    assert not any(samples("responses_router_kv_event_problems_total").values())

@@ -463,3 +463,11 @@ def test_main_closed_port(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.out == ""
     assert captured.err.count("\n") == 1
     assert captured.err.startswith(f"responses-router report: cannot reach http://127.0.0.1:{port}/metrics")
+
+
+def test_a_counter_read_at_render_time_says_counter() -> None:
+    reg = Registry()
+    seen = {"p": 3}
+    reg.counter_func("app_picks_total", "Picks.", ("pool",), lambda: [((k,), v) for k, v in seen.items()])
+    assert reg.render().decode() == ('# HELP app_picks_total Picks.\n# TYPE app_picks_total counter\n'
+                                     'app_picks_total{pool="p"} 3\n')
