@@ -5,6 +5,8 @@ publishes nothing (its requests still served; routing for it by load alone)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +115,16 @@ def test_the_sockets_go_with_the_router(tmp_path: Path) -> None:
     finally:
         assert proc.stop() == 0
     assert not any((folder / f"kv-{served.rsplit(':', 1)[1]}").exists() for folder in folders)
+
+
+def test_a_restarted_worker_starts_empty_and_is_indexed_again(router: RouterProcess) -> None:
+    served = _create(router, "m", LONG + " before").headers["x-router-worker"]
+    wait_until(lambda: _workers(router)[served]["kv_events"]["blocks"], 15, "its blocks indexed")
+    pid = _workers(router)[served]["process"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: (w := _workers(router)[served])["healthy"] and w["process"]["pid"] != pid, 60, "the worker restarted")
+    wait_until(lambda: _workers(router)[served]["kv_events"]["blocks"] == 0, 15, "its old entries dropped")
+    for i in range(20):  # the restarted engine's new events reach the index over the same socket
+        if _create(router, "m", f"{LONG} after {i}").headers["x-router-worker"] == served:
+            break
+    wait_until(lambda: _workers(router)[served]["kv_events"]["blocks"], 15, "its new blocks indexed")
