@@ -82,3 +82,12 @@ def test_the_ab_recipe_loads_on_the_example_config() -> None:
     model = next(m for m in config.models if m.name == "sim-ab")
     assert [arm.pool for arm in model.arms] == ["sim", "sim-b"]
     assert {p.name for p in config.pools} >= {"sim", "sim-b"}
+
+
+def test_the_kv_aware_recipe_is_a_valid_pool() -> None:
+    """The README's KV-aware block, with a model on it, is a valid config: kv_aware on its events."""
+    from router.config import parse_config
+
+    config = parse_config(_toml_block("kv_aware") + '\n[[models]]\nname = "m"\npool = "gpu"\n', source="README.md")
+    (pool,) = config.pools
+    assert pool.policy == "kv_aware" and pool.kv_events.enabled and pool.kv_events.endpoints is None
