@@ -9,10 +9,8 @@ worker's ``POST /tokenize`` (vLLM), else read ``prompt_tokens`` of a ``max_token
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any, cast
 
-from backends.client import WorkerClient, WorkerError, WorkerHTTPError
 from backends.errors import NoHealthyWorker
 from router.dialects.deltas import TextDelta, Usage
 from router.dialects.turn import DialectTurn
@@ -23,7 +21,7 @@ from router.protocol.requests import CreateResponse, compact_threshold
 from router.protocol.sealing import Sealer, expand_compactions, seal_compaction
 from router.protocol.shapes import usage_object
 from router.protocol.tools import ToolSet, build_toolset
-from router.turns.prompt_ids import LACKING, TOKENIZE_PATH
+from router.turns.prompt_ids import tokenize
 from router.turns.route import ModelRoute
 from router.turns.upstream import Upstream
 
@@ -87,39 +85,12 @@ async def count_tokens(route: ModelRoute, req: CreateResponse, tools: ToolSet, i
 
 async def _tokenize(route: ModelRoute, req: CreateResponse, body: dict[str, Any]) -> int | None:
     """vLLM's chat /tokenize; None when no worker has it (or the call failed: the fallback then decides)."""
-    pool = route.pool
-    tokenize = {"model": body["model"], "messages": body["messages"], "add_generation_prompt": True}
-    for key in ("tools", "chat_template_kwargs"):
-        if key in body:
-            tokenize[key] = body[key]
-    call = pool.call(exclude=[w for w in pool.workers if TOKENIZE_PATH in w.lacks])
     try:
-        answer = await call.send(partial(_post_tokenize, pool.client), TOKENIZE_PATH, tokenize)
+        answer = await tokenize(route.pool, body)
     except NoHealthyWorker:
-        if not any(w.healthy for w in pool.workers):
-            raise NoCapacity(f"no worker can serve model '{req.model}' now", code="no_healthy_worker") from None
-        return None  # healthy workers, none with /tokenize (or every circuit open: the fallback says so)
-    except WorkerHTTPError as exc:
-        if exc.status == 404 and call.last is not None:
-            call.last.lacks.add(TOKENIZE_PATH)
-            log.info("pool %s: %s has no %s; counting input tokens with a one-token call", pool.name, call.last.url,
-                     TOKENIZE_PATH)
-        return None
-    except WorkerError:
-        return None
-    count = answer.get("count") if isinstance(answer, dict) else None
+        raise NoCapacity(f"no worker can serve model '{req.model}' now", code="no_healthy_worker") from None
+    count = answer.get("count") if answer is not None else None
     return count if isinstance(count, int) else None
-
-
-async def _post_tokenize(client: WorkerClient, url: str, body: dict[str, Any]) -> Any:
-    """POST /tokenize; a worker without it answers 404 whatever status it used: not found is the
-    request's, neither retried nor counted against the worker (a 501 would be, as a 5xx)."""
-    try:
-        return await client.post_json(url, body)
-    except WorkerHTTPError as exc:
-        if exc.status in LACKING:
-            raise WorkerHTTPError(404, exc.body) from None
-        raise
 
 
 class _Fixed:

@@ -157,7 +157,8 @@ def test_real_workers_the_passthrough_releases_a_stream_it_never_read() -> None:
 def test_real_workers_a_worker_without_tokenize_is_remembered_on_the_worker() -> None:
     """The sim has no /tokenize (as SGLang's chat API, or an old vLLM): the worker is marked, asked
     no more, and the count falls back; the mark belongs to the pool's worker, not the process."""
-    from router.turns.compaction import TOKENIZE_PATH, _tokenize
+    from router.turns.compaction import _tokenize
+    from router.turns.prompt_ids import TOKENIZE_PATH
 
     class Route:
         def __init__(self, pool: Pool) -> None:
