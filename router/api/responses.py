@@ -25,6 +25,7 @@ from router.api.http import (
 from router.api.include import include_query, seal, shown_items
 from router.api.sse import StreamBody, event_stream
 from router.protocol.errors import InvalidRequest, NotFound
+from router.protocol.replay import output_of
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_view
 from router.turns.background import BackgroundRuns
@@ -84,6 +85,8 @@ class ResponsesAPI:
         rid = request.path_params["response_id"]
         body = await self._get(rid, owner)
         query = request.query_params
+        if body.get("status") == "in_progress" and not body.get("background"):
+            body["output"] = await self._checkpointed(rid, owner, body.get("output") or [])
         if query.get("stream") not in ("true", "1"):
             include = include_query(request)
             seal(body.get("output") or [], include, self.sealer, owner)
@@ -126,11 +129,26 @@ class ResponsesAPI:
         listed["data"] = shown_items(listed["data"], include, self.sealer, owner)
         return json_response(listed)
 
+    async def _checkpointed(self, rid: str, owner: str, output: list[Any]) -> list[Any]:
+        """A running stream's output as its checkpoints logged it (router/turns/record.py), or
+        ``output`` (as stored) before its first checkpoint."""
+        events: list[dict[str, Any]] = []
+        while len(events) < MAX_CHECKPOINT_EVENTS:
+            page = await self.store.read_events(rid, owner, after=events[-1]["sequence_number"] if events else -1)
+            if not page:
+                break
+            events += page
+        return output_of(events) if events else output
+
     async def _get(self, rid: str, owner: str) -> dict[str, Any]:
         body = await self.store.get_response(rid, owner)
         if body is None:
             raise _not_found(rid)
         return body
+
+
+# A running stream logs a few events a second (router/protocol/replay.py ``growth``): hours of them.
+MAX_CHECKPOINT_EVENTS = 100_000
 
 
 def _not_found(rid: str) -> NotFound:

@@ -89,3 +89,61 @@ def _put(parts: list[Any], index: Any, part: Any) -> None:
         parts[index] = part
     elif index == len(parts):
         parts.append(part)
+
+
+# The text fields of content parts that grow as a stream runs, and the delta event that grows each.
+_PART_DELTAS = {"output_text": ("text", "response.output_text.delta"),
+                "reasoning_text": ("text", "response.reasoning_text.delta"),
+                "refusal": ("refusal", "response.refusal.delta")}
+
+
+def growth(before: list[Item], after: list[Item]) -> list[Event]:
+    """Events that take the output ``before`` to ``after`` for ``output_of``, with no
+    ``sequence_number``: what a running stream's checkpoint appends to its log, rather than
+    writing its whole output again (router/turns/record.py).
+
+    A part whose text only grew gets one delta of what is new; an item new or changed in any
+    other way is logged whole (``output_item.done`` once it is ``completed``, so later events
+    leave it alone; ``added`` while it may still change). ``output_of(log + growth(before,
+    after))`` is ``after`` when ``output_of(log)`` was ``before``, open items ``incomplete``.
+    """
+    events: list[Event] = []
+    for index, item in enumerate(after):
+        old = before[index] if index < len(before) else None
+        if old == item:
+            continue
+        deltas = _deltas(old, item, index) if old is not None else None
+        if deltas is None:
+            kind = "response.output_item.done" if item.get("status") == "completed" else "response.output_item.added"
+            events.append({"type": kind, "output_index": index, "item": item})
+        else:
+            events += deltas
+    return events
+
+
+def _deltas(old: Item, new: Item, index: int) -> list[Event] | None:
+    """The deltas that make ``old`` into ``new`` when only its parts' texts grew, else None."""
+    parts, was = new.get("content"), old.get("content")
+    if (not isinstance(parts, list) or not isinstance(was, list) or len(parts) < len(was)
+            or new.get("status") == "completed" or any(old.get(k) != v for k, v in new.items() if k != "content")
+            or len(old) != len(new)):
+        return None
+    events: list[Event] = []
+    for k, part in enumerate(parts):
+        if k >= len(was):
+            events.append({"type": "response.content_part.added", "output_index": index, "content_index": k,
+                           "item_id": new.get("id"), "part": part})
+            continue
+        prior = was[k]
+        if prior == part:
+            continue
+        field, kind = _PART_DELTAS.get(part.get("type"), (None, None)) if isinstance(part, dict) else (None, None)
+        if (field is None or kind is None or not isinstance(prior, dict) or len(prior) != len(part)
+                or any(prior.get(key) != value for key, value in part.items() if key != field)):
+            return None
+        text, grown = prior.get(field), part.get(field)
+        if not isinstance(text, str) or not isinstance(grown, str) or not grown.startswith(text):
+            return None
+        events.append({"type": kind, "output_index": index, "content_index": k, "item_id": new.get("id"),
+                       "delta": grown[len(text):]})
+    return events

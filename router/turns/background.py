@@ -43,6 +43,7 @@ class BackgroundRuns:
         self._cancelling: set[str] = set()
         self._wake: dict[str, asyncio.Event] = {}
         self._loops: list[asyncio.Task[None]] = []
+        self._running = asyncio.Event()  # set while ``_runs`` has any: the cancel poll sleeps on it otherwise
 
     async def start(self) -> None:
         await self.leases.start()
@@ -75,6 +76,7 @@ class BackgroundRuns:
             raise
         self._wake[rid] = asyncio.Event()
         self._runs[rid] = asyncio.create_task(self._run(run), name=f"background:{rid}")
+        self._running.set()
         return dict(run.response)
 
     async def _run(self, run: ResponseRun) -> None:
@@ -95,6 +97,8 @@ class BackgroundRuns:
                 log.warning("background response %s: its last events are not logged (store unavailable)", rid)
             self.leases.release(rid)
             self._runs.pop(rid, None)
+            if not self._runs:
+                self._running.clear()
             self._cancelling.discard(rid)
             self._wake.pop(rid, None)
 
@@ -209,6 +213,7 @@ class BackgroundRuns:
 
     async def _cancel_loop(self) -> None:
         while True:
+            await self._running.wait()  # an idle router wakes for nothing
             await asyncio.sleep(self.poll_s)
             if not self._runs:
                 continue

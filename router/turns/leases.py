@@ -79,7 +79,7 @@ class Leases:
             async for events in stream:
                 yield events
         finally:
-            checkpoints.cancel()  # the run's own last put has the lock first: nothing is overwritten
+            checkpoints.cancel()  # a checkpoint only appends to the log: the run's last put is the response
             try:
                 await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
             finally:
@@ -91,7 +91,7 @@ class Leases:
                     self.release(rid)
 
     async def _checkpoints(self, run: ResponseRun) -> None:
-        """Every CHECKPOINT_S, a leased stream's output so far goes to the store (``run.checkpoint``):
+        """Every CHECKPOINT_S, what a leased stream's output grew by goes to its log (``run.checkpoint``):
         a replica killed mid-stream leaves its client's answer stored ``failed`` with what the client
         had seen up to then, as a background run leaves its event log."""
         while True:

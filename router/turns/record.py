@@ -2,9 +2,10 @@
 
 A response is put once when it starts (a background run or a leased stream,
 so any replica can retrieve it and the sweep can fail it if this replica
-dies), then at most once a second with its output so far (``checkpoint``),
-then at its end, with the conversation it belongs to. Puts never overlap: a
-checkpoint cannot overwrite the end.
+dies), then at its end, with the conversation it belongs to; puts never
+overlap. Meanwhile, at most once a second, what its output grew by is
+appended to its event log (``checkpoint``): a long answer is written once,
+not once per second.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.protocol.items import Item
+from router.protocol.replay import growth
 from router.state.store import ResponseDeleted, Store, StoredResponse, StoreUnavailable
 
 log = logging.getLogger("router.turns")
@@ -44,6 +46,8 @@ class Record:
     # Leased runs only (their checkpoints may overlap their end): a plain create's one put takes no lock.
     _put_lock: asyncio.Lock | None = None
     _checkpointed: int = -1  # the event sequence number of the last checkpoint
+    _logged: list[Item] = field(default_factory=list)  # the output the checkpoints' log holds
+    _log_seq: int = 0  # the next checkpoint event's number in the log
 
     def lease(self, holder: str, lease_s: float) -> None:
         """Held by the replica ``holder`` while it runs (router/turns/leases.py renews it)."""
@@ -102,25 +106,27 @@ class Record:
         return None
 
     async def checkpoint(self, response: dict[str, Any], sequence: int, output: Callable[[], list[Item]]) -> bool:
-        """A leased stream's ``output()`` so far, stored with it ``in_progress``: if this replica dies,
-        the sweep fails it with what its client had seen up to the last checkpoint, not with nothing.
-        Nothing when no event came since the last one (``sequence``), or once the response ended
-        (its own put, under the same lock, comes first). True: stored."""
-        lock = self._put_lock
-        if lock is None or sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
+        """A leased stream's ``output()`` so far, kept in its event log as what grew since the last
+        checkpoint (``router.protocol.replay.growth``: a delta of the new text, not the whole output
+        again). If this replica dies, the sweep fails it with what the log says its client had seen
+        up to then, and a retrieve while it runs shows the same (router/api/responses.py). Nothing
+        when no event came since the last one (``sequence``), or once the response ended. True:
+        logged. ResponseDeleted: the response is no longer stored."""
+        if self._put_lock is None or sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
             return False
-        async with lock:
-            if response["status"] != "in_progress":
-                return False
-            self._checkpointed = sequence
-            put = asyncio.ensure_future(self._store({**response, "output": output()}))
-            try:
-                await asyncio.shield(put)
-            except asyncio.CancelledError:  # the stream ended: the lock is kept until this put is done
-                await asyncio.wait({put})
-                if not put.cancelled():
-                    put.exception()  # retrieved: a failed checkpoint only means an older one stands
-                raise
+        self._checkpointed = sequence
+        now = output()
+        events = growth(self._logged, now)
+        if not events:
+            return False
+        for event in events:
+            event["sequence_number"] = self._log_seq
+            self._log_seq += 1
+        try:
+            await self.store.append_events(response["id"], events)
+        except KeyError:
+            raise ResponseDeleted(response["id"]) from None
+        self._logged = now
         return True
 
     async def _put(self, body: dict[str, Any]) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from router.dialects.deltas import Finish, Usage
 from router.protocol.errors import UpstreamError
-from router.protocol.replay import output_of
+from router.protocol.replay import growth, output_of
 from tests.unit.test_assembler import batches_st, fix_call_fragments, fresh, run
 
 
@@ -55,3 +57,35 @@ def test_events_of_unknown_items_or_kinds_are_skipped() -> None:
     ]
     assert output_of(events) == [{"type": "message", "id": "m", "status": "incomplete", "role": "assistant",
                                   "content": [{"type": "output_text", "text": "hello", "annotations": []}]}]
+
+
+@given(batches_st, st.data())
+def test_checkpoints_that_log_only_growth_rebuild_each_snapshot(batches, data) -> None:
+    """A running stream's checkpoints (router/turns/record.py) log ``growth`` from the last one:
+    at every checkpoint the log rebuilds that checkpoint's output exactly, and a plain text answer's
+    later checkpoints log one delta each, not its text again."""
+    asm = fresh()
+    asm.start()
+    logged: list[dict] = []
+    last: list[dict] = []
+    for batch in fix_call_fragments(batches):
+        asm.feed(batch)
+        if data.draw(st.booleans()):
+            now = asm.checkpoint()
+            logged += growth(last, now)
+            assert output_of(logged) == now
+            last = copy.deepcopy(now)
+
+
+def test_a_growing_answer_logs_only_what_is_new() -> None:
+    message = {"type": "message", "id": "m", "status": "incomplete", "role": "assistant",
+               "content": [{"type": "output_text", "text": "Hello", "annotations": [], "logprobs": []}]}
+    grown = copy.deepcopy(message)
+    grown["content"][0]["text"] = "Hello, world"
+    assert growth([message], [grown]) == [{"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+                                           "item_id": "m", "delta": ", world"}]
+    done = {**grown, "status": "completed"}
+    assert growth([grown], [done]) == [{"type": "response.output_item.done", "output_index": 0, "item": done}]
+    assert growth([done], [done]) == []
+    assert output_of([{"type": "response.output_item.added", "output_index": 0, "item": message},
+                      *growth([message], [grown])]) == [grown]
