@@ -137,9 +137,11 @@ def _deltas(old: Item, new: Item, index: int) -> list[Event] | None:
         prior = was[k]
         if prior == part:
             continue
-        field, kind = _PART_DELTAS.get(part.get("type"), (None, None)) if isinstance(part, dict) else (None, None)
-        if (field is None or kind is None or not isinstance(prior, dict) or len(prior) != len(part)
-                or any(prior.get(key) != value for key, value in part.items() if key != field)):
+        grows = _PART_DELTAS.get(part.get("type") or "") if isinstance(part, dict) else None
+        if grows is None or not isinstance(prior, dict) or len(prior) != len(part):
+            return None
+        field, kind = grows
+        if any(prior.get(key) != value for key, value in part.items() if key != field):
             return None
         text, grown = prior.get(field), part.get(field)
         if not isinstance(text, str) or not isinstance(grown, str) or not grown.startswith(text):
