@@ -304,8 +304,9 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     pools = {cfg.name: _pool(cfg, i, base_dir) for i, cfg in enumerate(config.pools)}
     for cfg in config.pools:
         pools[cfg.name].max_model_len = cfg.context_length
-    if isinstance(store, SQLiteStore):  # commit on the loop only while no worker call is out
-        store.quiet = lambda: not any(w.in_flight for p in pools.values() for w in p.workers)
+    if isinstance(store, SQLiteStore):  # commit on the loop only while at most one worker call is out
+        # (a stream's own: its first put and its checkpoints are made while its call runs)
+        store.quiet = lambda: sum(w.in_flight for p in pools.values() for w in p.workers) <= 1
     encoding = _harmony_encoding(config, base_dir) if any(p.dialect == "harmony" for p in config.pools) else None
     model_routes = {
         cfg.name: ModelRoute(cfg.name, pools[cfg.name], cfg.dialect,

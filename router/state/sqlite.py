@@ -4,8 +4,9 @@ sqlite3 calls block, so every one of them runs on a single-worker executor
 that owns the connection, and the connection is never used from two threads
 at once. The file is in WAL mode, so readers in other processes are not
 blocked by our writes. One exception, for latency: when the router serves
-nothing else (``quiet``) and no write is queued, ``put_response`` commits on
-the event loop over a second connection that
+nothing else (``quiet``: at most one worker call out, the caller's own) and no
+write is queued, ``put_response`` and ``append_events`` commit on the event
+loop over a second connection that
 never waits for a lock (busy_timeout 0; a busy file falls back to the
 thread). Measured here, handing one put to the thread costs the loop ~100 us
 of GIL hand-offs, more than the put itself; under load the puts go to the
@@ -144,7 +145,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         self._inline: sqlite3.Connection | None = None  # puts on the loop while the router is quiet
         self._inline_puts = 0
         self._checkpointing = False  # a checkpoint of the inline puts' WAL frames runs on the thread
-        # Set by the app: True when no other request is being served. Only then is a put
+        # Set by the app: True when no other request is being served. Only then is a write
         # committed on the loop; under load, grouped commits on the thread cost far less.
         self.quiet: Callable[[], bool] | None = None
 
@@ -264,8 +265,7 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
         Concurrent puts are committed together (one commit, one thread hop); one
         failing put leaves the others intact (see ``sqlite_puts.put_many``).
         """
-        if (self._inline is not None and self.quiet is not None and not self._writing and not self._pending
-                and not self._checkpointing and self.quiet() and self._put_inline(response)):
+        if self._may_write_inline() and self._put_inline(response):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((response, future))
@@ -276,9 +276,14 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
 
     def _put_inline(self, response: StoredResponse) -> bool:
         """Commit on the loop; False when another connection holds the write lock."""
+        return self._inline_write(put_one, response)
+
+    def _inline_write(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """``fn(conn, *args)`` (a whole write transaction) on the loop's connection; False when
+        another connection holds the write lock (then it is to be done on the thread)."""
         assert self._inline is not None
         try:
-            put_one(self._inline, response)
+            fn(self._inline, *args)
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 return False
@@ -288,6 +293,11 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
             self._checkpointing = True
             asyncio.get_running_loop().create_task(self._checkpoint())
         return True
+
+    def _may_write_inline(self) -> bool:
+        """Nothing else is served (``quiet``) and no write is queued or running on the thread."""
+        return (self._inline is not None and self.quiet is not None and not self._writing and not self._pending
+                and not self._checkpointing and self.quiet())
 
     async def _checkpoint(self) -> None:
         """Copy the WAL's frames into the file, with no inline put meanwhile.

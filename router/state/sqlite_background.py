@@ -53,6 +53,10 @@ class SQLiteBackground:
 
         def _now(self) -> int: ...
 
+        def _may_write_inline(self) -> bool: ...
+
+        def _inline_write(self, fn: Callable[..., Any], *args: Any) -> bool: ...
+
     async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
         """Add events in one transaction. KeyError(response_id) when the response is not
         stored; ValueError when a sequence_number is missing or already logged (nothing written)."""
@@ -73,6 +77,8 @@ class SQLiteBackground:
 
             self._write(conn, statements)
 
+        if self._may_write_inline() and self._inline_write(run):  # a running stream's checkpoint, mostly
+            return
         await self._run(run)
 
     async def read_events(
