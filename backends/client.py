@@ -1,34 +1,34 @@
 """The HTTP wire to workers, one WorkerClient per pool.
 
-Model calls (JSON, SSE, byte relays) go over backends/wire.py, a lean
-keep-alive client; health checks and scrapes over one aiohttp session, where
-convenience matters more than microseconds. Not httpx: measured here,
+Every call (JSON, SSE, byte relays, and the GETs of health checks and metrics
+scrapes) goes over backends/wire.py, a lean keep-alive client. Not httpx: measured here,
 httpcore's pool scans every connection per request and costs ~10x more CPU
 per proxied request. Nothing here knows about Responses; errors are typed by
 what the router must do with them (backends/errors.py).
 
-Both ways use one TLS context per pool (``tls_context``: its CA bundle and client
-certificate), so a health check trusts exactly what a model call trusts.
+One TLS context per pool (``tls_context``: its CA bundle and client certificate), so a
+health check trusts exactly what a model call trusts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
 from backends.errors import (
     WorkerAnswerTooLarge,
     WorkerError,
     WorkerHTTPError,
+    WorkerIdleClosed,
     WorkerStreamBroken,
     WorkerStreamError,
     WorkerUnavailable,
 )
-from backends.wire import COMPLETE, Connection, Wire, WireLimits, connect_failure
+from backends.wire import COMPLETE, Connection, Wire, WireLimits
 
 __all__ = ["RawAnswer", "SSEStream", "TLSError", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError",
            "WorkerStreamBroken", "WorkerStreamError", "WorkerUnavailable", "tls_context"]
@@ -87,20 +87,12 @@ def _tls_reason(path: str, exc: OSError, bad_pem: str) -> str:
 class WorkerClient:
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0,
                  limits: WireLimits | None = None, tls: ssl.SSLContext | None = None) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
         self.limits = limits or WireLimits()
         self.tls = tls  # https workers: None, the system's trust store
         self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=self.limits, tls=tls)
 
     async def start(self) -> None:
-        # The wire's context, so a health check trusts exactly what a model call does (True: aiohttp's
-        # default, the system's trust store, as the wire's own default).
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True,
-                                         ssl=self.tls if self.tls is not None else True)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
-        )
+        """Nothing to open: the wire connects on first use (kept for the pools' start-up order)."""
 
     def forget(self, origin: str) -> None:
         """The worker at ``origin`` is out of service: close the model-call connections to it."""
@@ -108,24 +100,26 @@ class WorkerClient:
 
     async def close(self) -> None:
         self.wire.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "WorkerClient.start() was not awaited"
-        return self._session
 
     async def get(self, url: str, *, timeout_s: float = 2.0) -> tuple[int, bytes]:
-        """A short GET (health checks, model lists); raises WorkerUnavailable when unreachable."""
+        """A short GET (health checks, model lists); raises WorkerUnavailable when unreachable, or
+        when no whole answer came within ``timeout_s``. A kept-alive connection the worker had
+        closed is tried once more on a new one."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                return resp.status, await resp.read()
-        except aiohttp.ClientSSLError as exc:  # said as the wire says it (backends/wire.py connect_failure)
-            raise WorkerUnavailable(connect_failure(url, getattr(exc, "certificate_error", None) or exc.os_error)) from exc
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise WorkerUnavailable(f"{url}: {exc!r}") from exc
+            return await asyncio.wait_for(self._get(url), timeout_s)
+        except TimeoutError:
+            raise WorkerUnavailable(f"{url}: no answer within {timeout_s:g} s") from None
+        except WorkerUnavailable:
+            raise
+        except WorkerError as exc:  # the connection broke, or the answer was too large
+            raise WorkerUnavailable(f"{url}: {exc}") from exc
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        try:
+            conn = await self.wire.get(url)
+        except WorkerIdleClosed:
+            conn = await self.wire.get(url)
+        return conn.status, await conn.read()
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
         """POST and return the decoded JSON answer; error statuses raise WorkerHTTPError."""

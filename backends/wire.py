@@ -434,10 +434,12 @@ class Wire:
         self.limits = limits or WireLimits()
         self.tls = tls
         self._pools: dict[tuple[str, str, int], HostPool] = {}
-        self._heads: dict[tuple[str, bool], tuple[HostPool, bytes]] = {}
+        self._heads: dict[tuple[str, str], tuple[HostPool, bytes]] = {}
 
-    def _target(self, url: str, sse: bool) -> tuple[HostPool, bytes]:
-        key = (url, sse)
+    def _target(self, url: str, kind: str) -> tuple[HostPool, bytes]:
+        """The pool of ``url``'s origin and the head of a request to it: ``kind`` "json" (a POST),
+        "sse" (a POST whose answer is a stream) or "get"."""
+        key = (url, kind)
         found = self._heads.get(key)
         if found is not None:
             return found
@@ -455,9 +457,12 @@ class Wire:
                 connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s, limits=self.limits,
                 tls=tls)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        accept = "Accept: text/event-stream\r\n" if sse else ""
-        head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-                f"{accept}").encode("latin-1")
+        if kind == "get":
+            head = f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+        else:
+            accept = "Accept: text/event-stream\r\n" if kind == "sse" else ""
+            head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                    f"{accept}").encode("latin-1")
         if len(self._heads) > 4096:
             self._heads.clear()
         found = self._heads[key] = (pool, head)
@@ -466,8 +471,17 @@ class Wire:
     async def post(self, url: str, body: bytes, *, sse: bool = False, whole: bool = False) -> Connection:
         """Send a POST; returns the connection once the answer's headers are in, or with
         ``whole`` once all of it is (one wake-up when a worker writes head and body apart)."""
-        pool, head = self._target(url, sse)
+        pool, head = self._target(url, "sse" if sse else "json")
         data = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, REQUEST_HEADERS.get(), len(body), body)
+        return await self._send(pool, data, sse=sse, whole=whole)
+
+    async def get(self, url: str) -> Connection:
+        """Send a GET (health checks, metrics scrapes, model lists); returns the connection once
+        the whole answer is in."""
+        pool, head = self._target(url, "get")
+        return await self._send(pool, head + b"\r\n", sse=False, whole=True)
+
+    async def _send(self, pool: HostPool, data: bytes, *, sse: bool, whole: bool) -> Connection:
         conn, reused = await pool.acquire()
         conn.send(data, self.limits.first_byte_timeout_s if sse else None)
         try:

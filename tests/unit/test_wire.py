@@ -193,6 +193,42 @@ def test_unreachable_worker_is_unavailable() -> None:
     asyncio.run(main())
 
 
+def test_a_get_is_unavailable_when_nothing_answers_in_time_and_reuses_kept_connections() -> None:
+    """A health check's GET on the wire: the answer's status and body on a kept-alive connection; a
+    worker that is gone, or that accepts and never answers within the check's timeout, is
+    WorkerUnavailable (the connection of the hung one closed, not pooled)."""
+
+    async def main() -> None:
+        accepted: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if b"GET /hang" in head:
+                    await asyncio.sleep(5)
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = await _client()
+        assert await client.get(base + "/health") == (200, b"ok")
+        assert await client.get(base + "/health") == (200, b"ok")
+        assert len(accepted) == 1  # kept alive
+        with pytest.raises(WorkerUnavailable, match="no answer within 0.3 s"):
+            await client.get(base + "/hang", timeout_s=0.3)
+        assert client.wire._pools[origin_key(base)].idle == []
+        with pytest.raises(WorkerUnavailable):
+            await client.get(f"http://127.0.0.1:{free_port()}/health")
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
 def test_cut_stream_and_read_timeout_are_broken() -> None:
     async def main(server: Server, client: WorkerClient) -> None:
         stream = await client.open_sse(server.url + "/cut", {})
@@ -393,7 +429,7 @@ def _against_tls(main: Callable[[Server, WorkerClient], Awaitable[None]], server
 
 
 def test_https_workers_are_spoken_to_over_tls_with_keep_alive(tmp_path: Path) -> None:
-    """JSON, SSE, a relay and a health GET over TLS, the model calls on one kept-alive connection;
+    """JSON, SSE, a relay and a health GET over TLS, all on one kept-alive connection;
     with the router's client certificate for a worker that asks for one."""
     pki = make_pki(tmp_path)
 
@@ -411,8 +447,8 @@ def test_https_workers_are_spoken_to_over_tls_with_keep_alive(tmp_path: Path) ->
         assert err.value.status == 503
         models = server.connections
         assert models == 1  # the wire's one connection, kept alive through all of it
-        status, _ = await client.get(server.url + "/missing")  # aiohttp, the same context
-        assert status == 404 and server.connections == 2
+        status, _ = await client.get(server.url + "/missing")  # a health check's GET: the wire too
+        assert status == 404 and server.connections == 1
         pool = client.wire._pools[("https", "127.0.0.1", int(server.url.rsplit(":", 1)[1]))]
         assert pool.tls is client.tls and pool.origin == server.url
         client.forget(server.url)
