@@ -43,12 +43,14 @@ class Breaker:
 
     def admits(self, now: float) -> bool:
         """Whether a new call may go to the worker: closed, or half-open with no trial running."""
+        if not self.opened:  # closed: every call of a healthy worker asks, so it is said first
+            return True
         state = self.state(now)
         return state == "closed" or (state == "half_open" and self.trial is None)
 
     def admit(self, now: float) -> int:
         """A call starts; its ticket. Half-open, it is the trial (one at a time: ``admits`` says so)."""
-        if self.state(now) == "half_open":
+        if self.opened and self.state(now) == "half_open":
             self.mark += 1
             self.trial = self.mark
         return self.mark
@@ -63,10 +65,10 @@ class Breaker:
         """A call the worker served; True when it closed the circuit (the trial succeeded)."""
         if ticket != self.mark:
             return False
-        state = self.state(now)
-        if state == "closed":
+        if not self.opened:  # closed
             self.failures = 0
             return False
+        state = self.state(now)
         if state == "half_open":  # the latest trial (its slot may have been freed by ``done`` already)
             self.failures = self.opened = 0
             self.open_until = 0.0
