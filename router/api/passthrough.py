@@ -12,7 +12,7 @@ worker; a stream that does just ends, cut, as the worker cut it.
 
 from __future__ import annotations
 
-import os
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -73,7 +73,9 @@ class PassthroughAPI:
         target = self.models.get(body.get("model"))  # type: ignore[arg-type]
         if target is None:
             raise NotFound(f"The model '{body.get('model')}' does not exist.", param="model", code="model_not_found")
-        key = str(body.get("user") or body.get("safety_identifier") or os.urandom(8).hex())
+        # A request that names no user goes to an arm by chance: a non-cryptographic draw (os.urandom
+        # was a getrandom syscall for every request, ~3% of a passthrough's CPU).
+        key = str(body.get("user") or body.get("safety_identifier") or f"{random.getrandbits(64):016x}")
         routing = target.route(key, None, prefix_key=None)
         pool = routing.route.pool
         done = _Done(self.metrics, (target.name, routing.arm, pool.name, path_attr.removesuffix("_path")))
