@@ -141,12 +141,23 @@ class _Done:
 
 
 def _usage(raw: bytes) -> dict[str, Any] | None:
-    """The ``usage`` of a chat/completions answer or stream chunk (a ``data:`` line), if it has one."""
-    if b'"usage":{' not in raw:
+    """The ``usage`` of a chat/completions answer or stream chunk (a ``data:`` line), if it has one.
+
+    Only the usage object is parsed, found by its key (an unescaped quote cannot be inside a JSON
+    string, so ``"usage":{`` is a key): parsing the whole answer was ~9% of a passthrough's
+    instructions (bench/RESULTS.md), for three numbers. Its end is the brace that closes it."""
+    start = raw.rfind(b'"usage":{')
+    if start < 0:
+        return None
+    start += 8
+    end = raw.find(b"}", start)
+    while end >= 0 and raw.count(b"{", start, end + 1) > raw.count(b"}", start, end + 1):  # a nested one closed
+        end = raw.find(b"}", end + 1)
+    if end < 0:
         return None
     try:
-        usage = orjson.loads(raw.removeprefix(b"data: ")).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
+        usage = orjson.loads(raw[start:end + 1])
+    except orjson.JSONDecodeError:
         return None
     return usage if isinstance(usage, dict) else None
 
