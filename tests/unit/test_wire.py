@@ -218,7 +218,7 @@ def test_a_get_is_unavailable_when_nothing_answers_in_time_and_reuses_kept_conne
         assert await client.get(base + "/health") == (200, b"ok")
         assert await client.get(base + "/health") == (200, b"ok")
         assert len(accepted) == 1  # kept alive
-        with pytest.raises(WorkerUnavailable, match="no answer within 0.3 s"):
+        with pytest.raises(WorkerUnavailable, match=r"no answer within 0\.3 s"):
             await client.get(base + "/hang", timeout_s=0.3)
         assert client.wire._pools[origin_key(base)].idle == []
         with pytest.raises(WorkerUnavailable):
