@@ -145,21 +145,31 @@ def _usage(raw: bytes) -> dict[str, Any] | None:
 
     Only the usage object is parsed, found by its key (an unescaped quote cannot be inside a JSON
     string, so ``"usage":{`` is a key): parsing the whole answer was ~9% of a passthrough's
-    instructions (bench/RESULTS.md), for three numbers. Its end is the brace that closes it."""
+    instructions (bench/RESULTS.md), for three numbers. A prefix of an object that ends at any
+    brace but its own is no JSON, so the first brace after it that parses is its end."""
     start = raw.rfind(b'"usage":{')
     if start < 0:
         return None
     start += 8
     end = raw.find(b"}", start)
-    while end >= 0 and raw.count(b"{", start, end + 1) > raw.count(b"}", start, end + 1):  # a nested one closed
-        end = raw.find(b"}", end + 1)
-    if end < 0:
-        return None
-    try:
-        usage = orjson.loads(raw[start:end + 1])
-    except orjson.JSONDecodeError:
-        return None
+    for _ in range(_USAGE_TRIES):  # the first brace after it that makes a whole object closes it
+        if end < 0:
+            return None
+        try:
+            usage = orjson.loads(raw[start:end + 1])
+            break
+        except orjson.JSONDecodeError:  # a nested object's, or one in a string
+            end = raw.find(b"}", end + 1)
+    else:  # braces in strings past counting: parse it all
+        try:
+            usage = orjson.loads(raw.removeprefix(b"data: ")).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
     return usage if isinstance(usage, dict) else None
+
+
+# Closing braces tried before the whole answer is parsed instead (a usage has one or two nested objects).
+_USAGE_TRIES = 8
 
 
 class _Relayed:

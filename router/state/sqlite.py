@@ -5,8 +5,8 @@ that owns the connection, and the connection is never used from two threads
 at once. The file is in WAL mode, so readers in other processes are not
 blocked by our writes. One exception, for latency: when the router serves
 nothing else (``quiet``: at most one worker call out, the caller's own) and no
-write is queued, ``put_response`` and ``append_events`` commit on the event
-loop over a second connection that
+write is queued, ``put_response``, ``append_events`` and ``set_routing``
+commit on the event loop over a second connection that
 never waits for a lock (busy_timeout 0; a busy file falls back to the
 thread). Measured here, handing one put to the thread costs the loop ~100 us
 of GIL hand-offs, more than the put itself; under load the puts go to the
@@ -461,6 +461,8 @@ class SQLiteStore(SQLiteConversations, SQLiteBackground):
                 "INSERT INTO response_routing (response_id, body) SELECT id, ? FROM responses WHERE id = ? "
                 "ON CONFLICT (response_id) DO UPDATE SET body = excluded.body", (body, response_id)))
 
+        if self._may_write_inline() and self._inline_write(write):  # right after its put, as quiet as it was
+            return
         await self._run(write)
 
     async def get_routing(self, response_id: str, owner: str) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.api.passthrough import _usage
@@ -15,9 +15,11 @@ usages = st.fixed_dictionaries({"prompt_tokens": counts, "completion_tokens": co
                                optional={"prompt_tokens_details": st.one_of(st.none(), st.fixed_dictionaries(
                                    {"cached_tokens": counts})),
                                    "completion_tokens_details": st.one_of(st.none(), st.fixed_dictionaries(
-                                       {"reasoning_tokens": counts, "nested": st.dictionaries(st.text(), counts)}))})
+                                       {"reasoning_tokens": counts, "nested": st.dictionaries(st.text(), counts)})),
+                                   "note": st.text(alphabet="{}\"\\:,ab ")})  # braces in a string: not counted
 
 
+@settings(max_examples=500)
 @given(st.text(), usages, st.booleans())
 def test_the_usage_found_by_its_key_is_the_answers_own(text: str, usage: dict[str, Any], stream: bool) -> None:
     """Whatever the answer's text holds (quotes, braces, a ``"usage":{`` of its own), the usage read
