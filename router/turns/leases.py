@@ -42,7 +42,9 @@ class Leases:
         self.lease_s = lease_s
         self._sweep_all_at_start = sweep_all_at_start  # one replica only (SQLite): nothing else can be running
         self._held: set[str] = set()
+        self._streaming: dict[str, ResponseRun] = {}  # leased foreground streams: checkpointed by one loop
         self._loop: asyncio.Task[None] | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
         self._later: set[asyncio.Task[None]] = set()  # storing the ends of streams the store missed
 
     async def start(self) -> None:
@@ -50,9 +52,10 @@ class Leases:
         if failed:
             log.warning("marked %d abandoned responses failed", len(failed))
         self._loop = asyncio.create_task(self._renew_loop(), name="leases")
+        self._checkpointing = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
 
     def stop(self) -> None:
-        for task in [self._loop, *self._later]:
+        for task in [self._loop, self._checkpointing, *self._later]:
             if task is not None:
                 task.cancel()
 
@@ -66,20 +69,21 @@ class Leases:
 
     def stream(self, run: ResponseRun) -> RunEvents:
         """A foreground ``run``'s events. A stored one is leased here while it runs: it is stored as
-        ``in_progress`` as it starts, its output so far every CHECKPOINT_S, and if this replica dies
-        the sweep marks it failed, as it does a background response."""
+        ``in_progress`` as it starts, what its output grew by is logged every CHECKPOINT_S
+        (``_checkpoint_loop``), and if this replica dies the sweep marks it failed with that output,
+        as it does a background response."""
         return RunEvents(run, self._leased(run) if run.req.store else run.events())
 
     async def _leased(self, run: ResponseRun) -> AsyncGenerator[list[Event], None]:
         rid = run.response["id"]
         self.hold(run)
         stream = run.events()
-        checkpoints = asyncio.create_task(self._checkpoints(run), name=f"checkpoints:{rid}")
+        self._streaming[rid] = run
         try:
             async for events in stream:
                 yield events
         finally:
-            checkpoints.cancel()  # a checkpoint only appends to the log: the run's last put is the response
+            self._streaming.pop(rid, None)  # a checkpoint only appends to the log: the run's last put is the response
             try:
                 await stream.aclose()  # now, as the client's leaving closes it: stored cancelled before this ends
             finally:
@@ -90,18 +94,25 @@ class Leases:
                 else:
                     self.release(rid)
 
-    async def _checkpoints(self, run: ResponseRun) -> None:
-        """Every CHECKPOINT_S, what a leased stream's output grew by goes to its log (``run.checkpoint``):
-        a replica killed mid-stream leaves its client's answer stored ``failed`` with what the client
-        had seen up to then, as a background run leaves its event log."""
+    async def _checkpoint_loop(self) -> None:
+        """Every CHECKPOINT_S, what each leased stream's output grew by goes to its log
+        (``run.checkpoint``): a replica killed mid-stream leaves its clients' answers stored
+        ``failed`` with what they had seen up to then, as a background run leaves its event log.
+        One loop for all of them: a task per stream was ~2 KiB of every open stream and a wake-up
+        of each every second."""
         while True:
             await asyncio.sleep(CHECKPOINT_S)
-            try:
-                await run.checkpoint()
-            except ResponseDeleted:
-                return
-            except Exception:  # a missed checkpoint only means an older one stands
-                log.debug("checkpoint of %s failed", run.response["id"], exc_info=True)
+            for rid, run in list(self._streaming.items()):
+                if rid not in self._streaming:  # ended while an earlier one was stored
+                    continue
+                try:
+                    await run.checkpoint()
+                except ResponseDeleted:
+                    self._streaming.pop(rid, None)
+                except StoreUnavailable:  # the store's own log lines say so; the next round tries again
+                    break
+                except Exception:  # a missed checkpoint only means an older one stands
+                    log.debug("checkpoint of %s failed", rid, exc_info=True)
 
     async def store_when_back(self, run: ResponseRun, flush: Callable[[], Awaitable[None]] | None) -> None:
         """Store what a run could not (its end, then ``flush``: its last events), trying until the store
