@@ -28,7 +28,8 @@ from backends.errors import (
     WorkerStreamError,
     WorkerUnavailable,
 )
-from backends.wire import COMPLETE, Connection, Wire, WireLimits
+from backends.wire import COMPLETE, Connection, WireLimits
+from backends.wire_targets import Wire
 
 __all__ = ["RawAnswer", "SSEStream", "TLSError", "WireLimits", "WorkerClient", "WorkerError", "WorkerHTTPError",
            "WorkerStreamBroken", "WorkerStreamError", "WorkerUnavailable", "tls_context"]

@@ -1,6 +1,6 @@
 """Pools of workers: health, circuits, picking a worker.
 
-A pool owns one WorkerClient (one aiohttp session) and a health loop. The
+A pool owns one WorkerClient (its connections, backends/wire.py) and a health loop. The
 choice among healthy workers is delegated to a policy from ``policies``; each
 worker's circuit breaker (backends/breaker.py) decides whether it takes calls.
 A call to a worker goes through ``Pool.call`` (backends/calls.py), which counts

@@ -6,8 +6,10 @@ token, most of it in layers this router does not need (cookie jars, tracing
 signals, a StreamReader per response, a timer per read). Here a request is one
 prebuilt head plus the body in one write, httptools parses the answer, body
 bytes land in a list the reader drains, and one watchdog timer per request
-enforces the read timeout. Rare calls (health checks, metrics scrapes) stay on
-aiohttp in backends/client.py.
+enforces the read timeout. The periodic GETs (health checks, metrics scrapes)
+take it too: on aiohttp they were half of an idle router's CPU. The pools of
+connections per worker and the request heads are ``Wire``, in
+backends/wire_targets.py; this module is the connection itself.
 
 Failures are typed like the rest of backends/client.py: no connection is
 WorkerUnavailable; a connection lost or a read timeout after the request went
@@ -42,11 +44,10 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import httptools
 
-from backends.errors import WorkerAnswerTooLarge, WorkerIdleClosed, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
+from backends.errors import WorkerAnswerTooLarge, WorkerStreamBroken, WorkerTimedOut, WorkerUnavailable
 
 # Header lines ("name: value\r\n" each) sent with every worker request made in this context.
 REQUEST_HEADERS: ContextVar[bytes] = ContextVar("worker_request_headers", default=b"")
@@ -412,102 +413,3 @@ def connect_failure(origin: str, exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return f"{origin}: no connection within the connect timeout"
     return f"{origin}: {exc!r}"
-
-
-def origin_key(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of a worker URL, the port defaulting as the scheme's (80, 443)."""
-    parts = urlsplit(url)
-    https = parts.scheme == "https"
-    return ("https" if https else "http", parts.hostname or "127.0.0.1", parts.port or (443 if https else 80))
-
-
-class Wire:
-    """Connection pools per worker origin, and requests with prebuilt heads.
-
-    ``tls``: the context of https workers' connections; None: the system's trust store, made when
-    the first https worker is called."""
-
-    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, limits: WireLimits | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
-        self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = read_timeout_s
-        self.limits = limits or WireLimits()
-        self.tls = tls
-        self._pools: dict[tuple[str, str, int], HostPool] = {}
-        self._heads: dict[tuple[str, str], tuple[HostPool, bytes]] = {}
-
-    def _target(self, url: str, kind: str) -> tuple[HostPool, bytes]:
-        """The pool of ``url``'s origin and the head of a request to it: ``kind`` "json" (a POST),
-        "sse" (a POST whose answer is a stream) or "get"."""
-        key = (url, kind)
-        found = self._heads.get(key)
-        if found is not None:
-            return found
-        parts = urlsplit(url)
-        origin = origin_key(url)
-        pool = self._pools.get(origin)
-        if pool is None:
-            tls = None
-            if origin[0] == "https":
-                if self.tls is None:
-                    self.tls = ssl.create_default_context()
-                tls = self.tls
-            pool = self._pools[origin] = HostPool(
-                asyncio.get_running_loop(), origin[1], origin[2],
-                connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s, limits=self.limits,
-                tls=tls)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        if kind == "get":
-            head = f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
-        else:
-            accept = "Accept: text/event-stream\r\n" if kind == "sse" else ""
-            head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-                    f"{accept}").encode("latin-1")
-        if len(self._heads) > 4096:
-            self._heads.clear()
-        found = self._heads[key] = (pool, head)
-        return found
-
-    async def post(self, url: str, body: bytes, *, sse: bool = False, whole: bool = False) -> Connection:
-        """Send a POST; returns the connection once the answer's headers are in, or with
-        ``whole`` once all of it is (one wake-up when a worker writes head and body apart)."""
-        pool, head = self._target(url, "sse" if sse else "json")
-        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, REQUEST_HEADERS.get(), len(body), body)
-        return await self._send(pool, data, sse=sse, whole=whole)
-
-    async def get(self, url: str) -> Connection:
-        """Send a GET (health checks, metrics scrapes, model lists); returns the connection once
-        the whole answer is in."""
-        pool, head = self._target(url, "get")
-        return await self._send(pool, head + b"\r\n", sse=False, whole=True)
-
-    async def _send(self, pool: HostPool, data: bytes, *, sse: bool, whole: bool) -> Connection:
-        conn, reused = await pool.acquire()
-        conn.send(data, self.limits.first_byte_timeout_s if sse else None)
-        try:
-            await (conn.until_complete() if whole else conn.headers())
-        except WorkerStreamBroken as exc:
-            stale = reused and conn.state < RECEIVING and not isinstance(conn.error, WorkerTimedOut)
-            conn.abort()
-            if stale:
-                pool.close_idle()  # closed by the worker while idle, or it restarted: so may the rest be
-                raise WorkerIdleClosed(f"{exc} (a kept-alive connection, with nothing back)") from None
-            raise
-        except BaseException:
-            conn.abort()
-            raise
-        return conn
-
-    def forget(self, origin: str) -> None:
-        """Close the idle connections to ``origin`` (``http(s)://host:port``), and the busy ones as
-        their requests end: a worker taken out of service keeps no sockets open here."""
-        pool = self._pools.pop(origin_key(origin), None)
-        if pool is not None:
-            pool.close()
-            self._heads = {key: found for key, found in self._heads.items() if found[0] is not pool}
-
-    def close(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
-        self._heads.clear()

@@ -21,7 +21,7 @@ from backends.client import (
     WorkerUnavailable,
     tls_context,
 )
-from backends.wire import origin_key
+from backends.wire_targets import origin_key
 from harness import free_port
 from tests.support.tls_certs import Pki, make_pki
 from tests.support.waits import async_wait_until
