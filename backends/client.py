@@ -92,9 +92,6 @@ class WorkerClient:
         self.tls = tls  # https workers: None, the system's trust store
         self.wire = Wire(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, limits=self.limits, tls=tls)
 
-    async def start(self) -> None:
-        """Nothing to open: the wire connects on first use (kept for the pools' start-up order)."""
-
     def forget(self, origin: str) -> None:
         """The worker at ``origin`` is out of service: close the model-call connections to it."""
         self.wire.forget(origin)

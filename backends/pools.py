@@ -74,7 +74,6 @@ class Pool:
         return pool
 
     async def start(self) -> None:
-        await self.client.start()
         await self.check_health()
         if self.max_model_len is None:
             self.max_model_len = await self._discover_context()

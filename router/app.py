@@ -89,7 +89,6 @@ class RouterApp:
         for cfg in self.config.pools:
             pool = self.pools[cfg.name]
             if cfg.managed is not None:
-                await pool.client.start()
                 self.managed[cfg.name] = await self._launch(cfg, pool)
                 await pool.client.close()
             await pool.start()

@@ -2,15 +2,14 @@
 
 A response is put once when it starts (a background run or a leased stream,
 so any replica can retrieve it and the sweep can fail it if this replica
-dies), then at its end, with the conversation it belongs to; puts never
-overlap. Meanwhile, at most once a second, what its output grew by is
-appended to its event log (``checkpoint``): a long answer is written once,
-not once per second.
+dies), then at its end, with the conversation it belongs to: one put after
+the other (the first is awaited before the stream's first event). Meanwhile,
+at most once a second, what its output grew by is appended to its event log
+(``checkpoint``): a long answer is written once, not once per second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -43,8 +42,6 @@ class Record:
     # Its end could not be stored (the store stayed unreachable past its retries): ``end`` again later.
     unstored: bool = False
     _persisted: bool = False  # stored once already: later puts only update it
-    # Leased runs only (their checkpoints may overlap their end): a plain create's one put takes no lock.
-    _put_lock: asyncio.Lock | None = None
     _checkpointed: int = -1  # the event sequence number of the last checkpoint
     _logged: list[Item] = field(default_factory=list)  # the output the checkpoints' log holds
     _log_seq: int = 0  # the next checkpoint event's number in the log
@@ -53,8 +50,6 @@ class Record:
         """Held by the replica ``holder`` while it runs (router/turns/leases.py renews it)."""
         self.lease_holder = holder
         self.lease_s = lease_s
-        if self._put_lock is None:
-            self._put_lock = asyncio.Lock()
 
     async def end(self, response: dict[str, Any], *, write: bool = True) -> bool:
         """Its state now (its end, or ``queued`` for a background run): appended to its conversation
@@ -66,7 +61,7 @@ class Record:
         if not self.stored or not write:
             return False
         try:
-            await self._put(response)
+            await self._store(response)
         except ResponseDeleted:
             if self.lease_holder is None or self.background:
                 raise
@@ -98,7 +93,7 @@ class Record:
         here is logged; the put at the end tries again. A store unreachable past its retries is
         returned: the stream ends failed at once (its end could not be stored either)."""
         try:
-            await self._put({**response, "output": []})
+            await self._store({**response, "output": []})
         except StoreUnavailable as exc:
             return exc
         except Exception:  # the stream goes on; its last put stores it
@@ -112,7 +107,7 @@ class Record:
         up to then, and a retrieve while it runs shows the same (router/api/responses.py). Nothing
         when no event came since the last one (``sequence``), or once the response ended. True:
         logged. ResponseDeleted: the response is no longer stored."""
-        if self._put_lock is None or sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
+        if self.lease_holder is None or sequence == self._checkpointed or response["status"] != "in_progress" or not self._persisted:
             return False
         self._checkpointed = sequence
         now = output()
@@ -128,13 +123,6 @@ class Record:
             raise ResponseDeleted(response["id"]) from None
         self._logged = now
         return True
-
-    async def _put(self, body: dict[str, Any]) -> None:
-        if self._put_lock is None:  # not leased: no checkpoints to wait for
-            await self._store(body)
-            return
-        async with self._put_lock:  # never under a checkpoint's put, which would overwrite it
-            await self._store(body)
 
     async def _store(self, body: dict[str, Any]) -> None:
         status = body["status"]

@@ -120,7 +120,6 @@ async def _back_in_the_pool(client: WorkerClient, url: str) -> None:
 
 async def _client(read_timeout_s: float = 5.0) -> WorkerClient:
     client = WorkerClient(connect_timeout_s=1.0, read_timeout_s=read_timeout_s)
-    await client.start()
     return client
 
 
@@ -419,7 +418,6 @@ def _against_tls(main: Callable[[Server, WorkerClient], Awaitable[None]], server
     async def run() -> None:
         async with Server(_app(), tls=server_tls) as server:
             client = WorkerClient(connect_timeout_s=2.0, read_timeout_s=5.0, tls=client_tls)
-            await client.start()
             try:
                 await main(server, client)
             finally:

@@ -36,7 +36,6 @@ async def _sims(n: int) -> tuple[list[web.AppRunner], list[str]]:
 async def _with_pool(urls: list[str], body: Callable[[Pool], Awaitable[Any]]) -> Any:
     pool = Pool.create(name="p", engine="sim", model="sim-model", balancer=make_balancer("round_robin"), urls=urls,
                        read_timeout_s=10.0)
-    await pool.client.start()
     for w in pool.workers:
         w.healthy = True
     try:
