@@ -65,6 +65,7 @@ from backends.errors import (
     WorkerUnavailable,
 )
 from backends.worker import Worker
+from policies.tenant import Tenant
 
 T = TypeVar("T")
 
@@ -99,6 +100,12 @@ def classify(exc: WorkerError) -> str:
 
 
 class Workers(Protocol):
+    gated: bool  # the pool bounds its workers' calls: a call enters its gate first (backends/gate.py)
+
+    async def enter(self, tenant: Tenant | None) -> None: ...
+
+    def freed(self) -> None: ...
+
     """What a call needs of its pool (backends/pools.py ``Pool``): a pick, and where each outcome goes."""
 
     def pick(self, exclude: Sequence[Worker] = (), *, preferred: str | None = None,
@@ -120,7 +127,7 @@ class WorkerCall:
     5xx counts neither for nor against the worker (the passthrough).
     """
 
-    __slots__ = ("pool", "preferred", "prefix_key", "prompt_ids", "exclude", "relayed", "worker", "ticket", "last")
+    __slots__ = ("pool", "preferred", "prefix_key", "prompt_ids", "exclude", "relayed", "worker", "ticket", "last", "tenant")
 
     def __init__(self, pool: Workers, *, preferred: str | None = None, prefix_key: str | None = None,
                  exclude: Sequence[Worker] = (), relayed: bool = False) -> None:
@@ -133,6 +140,7 @@ class WorkerCall:
         self.worker: Worker | None = None  # the worker held (counted in flight) now
         self.ticket = 0  # its breaker ticket
         self.last: Worker | None = None  # the worker of the last attempt
+        self.tenant: Tenant | None = None  # whom it is for, in a gated pool's fair queue
 
     async def send(self, fn: Callable[[str, Any], Awaitable[T]], path: str, body: Any, *, hold: bool = False) -> T:
         """``fn(worker.url + path, body)`` on a worker the pool picks; tried again elsewhere as the
@@ -151,6 +159,8 @@ class WorkerCall:
         last: WorkerError | None = None
         failed = 0
         deadline = 0.0
+        if pool.gated:  # a saturated pool: wait in its fair queue (QueueRefused past its bounds)
+            await pool.enter(self.tenant)
         while True:
             try:
                 worker = pool.pick(tried, preferred=self.preferred, prefix_key=self.prefix_key, prompt_ids=self.prompt_ids)
@@ -206,6 +216,8 @@ class WorkerCall:
             if not hold:
                 self.worker = None
                 worker.end(ticket, served=True)
+                if pool.gated:
+                    pool.freed()
             return result
 
     def broke(self, reason: str = "stream broke off") -> None:
@@ -222,6 +234,8 @@ class WorkerCall:
         if worker is not None:
             self.worker = None
             worker.end(self.ticket, served=True)
+            if self.pool.gated:
+                self.pool.freed()
 
     def _failed(self) -> None:
         """The attempt failed: as ``release``, but the worker served nothing."""
@@ -229,6 +243,8 @@ class WorkerCall:
         if worker is not None:
             self.worker = None
             worker.end(self.ticket, served=False)
+            if self.pool.gated:
+                self.pool.freed()
 
 
 def _what(exc: WorkerError) -> str:

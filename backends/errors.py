@@ -85,3 +85,16 @@ class WorkerTimedOut(WorkerStreamBroken):
 class WorkerAnswerTooLarge(WorkerStreamBroken):
     """The worker's answer, or one frame of its stream, passed the pool's size limit
     (``max_answer_bytes`` / ``max_frame_bytes``): the answer is dropped, never buffered on."""
+
+
+class QueueRefused(Exception):
+    """A saturated pool's fair queue did not take the call, or gave up on it (backends/gate.py).
+
+    ``reason``: ``key_full`` (the key has its share waiting: the router answers 429),
+    ``queue_full`` or ``timeout`` (the pool is overloaded for everyone: 503), ``client_left`` (its
+    client left while it waited: the answer goes nowhere)."""
+
+    def __init__(self, message: str, *, reason: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s

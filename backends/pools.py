@@ -24,12 +24,14 @@ from backends.calls import WorkerCall
 from backends.client import WireLimits, WorkerClient, WorkerUnavailable
 from backends.engines import ENGINES, Engine, kv_cache_usage, waiting_requests
 from backends.errors import NoHealthyWorker
+from backends.gate import Gate
 from backends.kv_feed import KVFeed
 from backends.worker import Worker
 from policies.affinity import Affinity
 from policies.balance import Balancer
 from policies.kv_aware import KVAware
 from policies.kv_index import block_keys
+from policies.tenant import Tenant
 
 __all__ = ["NoHealthyWorker", "Pool"]
 
@@ -58,6 +60,8 @@ class Pool:
     kv: KVFeed | None = None  # the prefix index from the workers' KV events, when the pool has them
     kv_policy: KVAware | None = None  # policy kv_aware: picks by the index (``pick``'s prompt_ids)
     kv_decisions: dict[str, int] = field(default_factory=dict)  # reason (cache, load) -> count
+    gate: Gate | None = None  # bounds on the workers' calls, and the fair queue in front of them (backends/gate.py)
+    gated: bool = False  # gate is set: what a call checks
     kv_expected_tokens: int = 0  # the cached prompt tokens its picks expected, summed (the engines report theirs)
     affinity_moves: dict[str, int] = field(default_factory=dict)  # why -> count
     _health_task: asyncio.Task[None] | None = None
@@ -122,6 +126,9 @@ class Pool:
                 raise NoHealthyWorker(f"circuit open on all workers of pool {self.name!r} (after "
                                       f"{CIRCUIT_FAILURES} failed calls in a row; {trial})", code="circuit_open")
             raise NoHealthyWorker(f"pool {self.name!r} has no healthy worker")
+        gate = self.gate
+        if gate is not None:  # a worker at its bound takes no more (unless all are: a retry's)
+            candidates = [w for w in candidates if not gate.full(w)] or candidates
         if self.kv_policy is not None and prompt_ids:
             return self._kv_pick(candidates, prompt_ids, now)
         if self.affinity is None:
@@ -130,6 +137,19 @@ class Pool:
         if choice.why is not None:
             self.affinity_moves[choice.why] = self.affinity_moves.get(choice.why, 0) + 1
         return choice.candidate
+
+    def set_gate(self, gate: Gate | None) -> None:
+        self.gate, self.gated = gate, gate is not None
+
+    async def enter(self, tenant: Tenant | None) -> None:
+        """Through the gate: at once while a worker has room and no one waits, else in turn."""
+        if self.gate is not None:
+            await self.gate.enter(tenant, self.workers)
+
+    def freed(self) -> None:
+        """A call ended, or a worker may have room: the gate's next waiter gets it."""
+        if self.gate is not None:
+            self.gate.wake(self.workers)
 
     def call(self, *, preferred: str | None = None, prefix_key: str | None = None, exclude: Sequence[Worker] = (),
              relayed: bool = False) -> WorkerCall:
@@ -166,6 +186,7 @@ class Pool:
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(w) for w in self.workers))
         self._note_status()  # a circuit's cool-down ends with time, not with an event
+        self.freed()  # a worker back, or an engine's queue shorter: room for those waiting
 
     def _note_status(self) -> None:
         """Log the pool's status when it changes (once per transition, never per probe): down (no

@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 
 from backends.client import TLSError, WireLimits, WorkerClient, tls_context
 from backends.engines import LaunchOptions, kv_event_endpoints
+from backends.gate import Gate
 from backends.kv_feed import KVFeed
 from backends.launcher import ManagedWorker, WorkerSpec, check_pool, free_ports, start_workers
 from backends.pools import Pool
@@ -47,6 +48,7 @@ from router.api.responses import ResponsesAPI
 from router.api.websocket import ResponsesWebSocket
 from router.config import STOP_MARGIN_S, Config, ConfigError, PoolConfig
 from router.dialects.chat import ChatOptions
+from router.limits import Admission, make_admission
 from router.metrics import RouterMetrics
 from router.protocol.sealing import make_sealer
 from router.state import make_store
@@ -74,6 +76,7 @@ class RouterApp:
     app: FastPath
     background: BackgroundRuns
     metrics: RouterMetrics | None = None
+    limits: Admission | None = None
     managed: dict[str, list[ManagedWorker]] = field(default_factory=dict)
     kv_events_dir: str | None = None  # the sockets managed engines publish KV events on
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -161,6 +164,8 @@ class RouterApp:
         await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()), return_exceptions=True)
         await self.store.close()
+        if self.limits is not None:
+            await self.limits.budgets.close()
         if self.kv_events_dir is not None:
             shutil.rmtree(self.kv_events_dir, ignore_errors=True)
         await asyncio.to_thread(telemetry.shutdown)  # the last spans, within telemetry.FLUSH_S
@@ -301,8 +306,15 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     telemetry.setup(config.telemetry)
     store = make_store(config.store, base_dir)
     pools = {cfg.name: _pool(cfg, i, base_dir) for i, cfg in enumerate(config.pools)}
+    metrics = RouterMetrics()
+    queue = config.limits.queue
     for cfg in config.pools:
         pools[cfg.name].max_model_len = cfg.context_length
+        if cfg.max_in_flight_per_worker is not None or cfg.max_engine_waiting is not None:
+            pools[cfg.name].set_gate(Gate(max_in_flight=cfg.max_in_flight_per_worker, max_waiting=cfg.max_engine_waiting,
+                                          max_queued=queue.max_queued, max_per_key=queue.max_queued_per_key,
+                                          max_wait_s=queue.max_wait_s, half_life_s=queue.half_life_s,
+                                          on_wait=metrics.limits.queued))
     if isinstance(store, SQLiteStore):  # commit on the loop only while at most one worker call is out
         # (a stream's own: its first put and its checkpoints are made while its call runs)
         store.quiet = lambda: sum(w.in_flight for p in pools.values() for w in p.workers) <= 1
@@ -317,7 +329,6 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     targets = {m.name: ModelTarget.from_config(m, model_routes, affinity={c.name for c in config.pools if c.policy == "affinity"},
                                                key_events=key_events)
                for m in config.models}
-    metrics = RouterMetrics()
     metrics.watch_pools(lambda: pools.values())
     metrics.watch_requests(access.active)
     store = cast(Store, TimedStore(store, metrics.store_call))  # every store call timed (router/state/timed.py)
@@ -330,9 +341,11 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     sealer = make_sealer(config.sealing.resolved_keys())
     creator = Creator(store=store, models=targets, ttl_s=config.store.ttl_s, router_tools=router_tools, metrics=metrics,
                       sealer=sealer)
+    limits = make_admission(config, metrics.limits, queued=any(p.gated for p in pools.values()))
     responses = ResponsesAPI(creator=creator, auth=auth, max_body_bytes=config.server.max_body_bytes,
-                             background=background, leases=leases)
-    passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, metrics=metrics)
+                             background=background, leases=leases, limits=limits)
+    passthrough = PassthroughAPI(models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, metrics=metrics,
+                                 limits=limits)
     routes = [
         *CompactionAPI(store=store, models=targets, auth=auth, max_body_bytes=config.server.max_body_bytes, sealer=sealer,
                        ttl_s=config.store.ttl_s, router_tools=router_tools).routes(),
@@ -351,4 +364,4 @@ def build(config: Config, base_dir: Path) -> RouterApp:
     starlette.router.redirect_slashes = False
     app = FastPath(starlette, {**responses.hot_routes(), **passthrough.hot_routes()})
     return RouterApp(config=config, base_dir=base_dir, store=store, pools=pools, app=app, background=background,
-                     metrics=metrics)
+                     metrics=metrics, limits=limits)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,20 @@ from router.protocol.errors import APIError, internal_error
 from router.protocol.ids import request_id
 
 log = logging.getLogger("router.api")
+
+# Whether the client of the request answered in this context has left (its connection closed):
+# set by the router's HTTP protocol (router/api/server.py); a request waiting in a saturated
+# pool's queue leaves it then.
+_gone: ContextVar[Callable[[], bool] | None] = ContextVar("router_client_gone", default=None)
+
+
+def client_gone() -> Callable[[], bool] | None:
+    return _gone.get()
+
+
+def watch_client(gone: Callable[[], bool]) -> None:
+    _gone.set(gone)
+
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[Headers, bytes], Awaitable["Body | ASGIApp"]]

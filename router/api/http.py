@@ -61,13 +61,15 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 def error_body(error: APIError, headers: dict[str, str] | None = None) -> Body:
     """The error as the request's answer (its code goes on the request's access line)."""
     access.failed(error)
+    if error.headers:
+        headers = {**error.headers, **headers} if headers else error.headers
     return Body(orjson.dumps(error.body()), error.status, headers=headers)
 
 
 def error_response(error: APIError) -> Response:
     """A Starlette Response, which the WebSocket handshake's denial also accepts."""
     access.failed(error)
-    return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
+    return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json", headers=error.headers)
 
 
 Headers = list[tuple[bytes, bytes]]

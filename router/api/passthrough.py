@@ -23,22 +23,25 @@ from starlette.routing import Route
 
 from backends.calls import WorkerCall
 from backends.client import WorkerError
-from backends.errors import NoHealthyWorker
+from backends.errors import NoHealthyWorker, QueueRefused
 from router import telemetry
 from router.api import access
 from router.api.auth import Authenticator
-from router.api.fastpath import HotRoute
+from router.api.fastpath import HotRoute, client_gone
 from router.api.http import Body, Headers, decode_request, read_raw
 from router.api.sse import StreamBody
+from router.limits import Admission, Ticket
+from router.limits.estimate import BYTES_PER_TOKEN
 from router.metrics import RouterMetrics
 from router.protocol.errors import APIError, InvalidRequest, NotFound
 from router.turns.routing import ModelTarget
-from router.turns.upstream import api_error, no_capacity
+from router.turns.upstream import api_error, no_capacity, queue_refused
 
 
 class PassthroughAPI:
     def __init__(self, *, models: dict[str, ModelTarget], auth: Authenticator, max_body_bytes: int,
-                 metrics: RouterMetrics | None = None) -> None:
+                 metrics: RouterMetrics | None = None, limits: Admission | None = None) -> None:
+        self.limits = limits
         self.models = models
         self.auth = auth
         self.max_body_bytes = max_body_bytes
@@ -68,7 +71,7 @@ class PassthroughAPI:
         return await self._relay(headers, raw, "completions_path")
 
     async def _relay(self, headers: Headers, raw: bytes, path_attr: str) -> Body | StreamBody:
-        self.auth.owner_of(headers)
+        owner = self.auth.owner_of(headers)
         body = _json_object(await decode_request(headers, raw, self.max_body_bytes))
         target = self.models.get(body.get("model"))  # type: ignore[arg-type]
         if target is None:
@@ -82,16 +85,26 @@ class PassthroughAPI:
         record = access.current()
         if record is not None:
             record.model, record.pool = target.name, pool.name
+        if self.limits is not None:  # the key's limits: admitted, or 429 (router/limits/)
+            done.ticket = await self._admit(owner, target.name, body, len(raw))
         body["model"] = pool.model
         data = orjson.dumps(body)
         path = getattr(pool.engine, path_attr)
         call = pool.call(relayed=True)
+        if done.ticket is not None:
+            call.tenant = done.ticket.tenant
         done.span = telemetry.start("worker call", **{"router.pool": pool.name, "router.model": target.name})
         telemetry.inject(done.span)  # the relayed request carries the call's trace context
         try:
             answer = await call.send(pool.client.relay, path, data, hold=True)
         except NoHealthyWorker as exc:
             refused: APIError = no_capacity(target.name, exc)
+            done(refused.status)
+            raise refused from None
+        except QueueRefused as exc:  # a saturated pool's queue: not counted against the key's rates
+            if done.ticket is not None:
+                done.ticket.refuse()
+            refused = queue_refused(pool.name, exc)
             done(refused.status)
             raise refused from None
         except WorkerError as exc:  # what relay can raise: unreachable or broken, on every worker tried
@@ -103,6 +116,8 @@ class PassthroughAPI:
             record.worker = worker
         # Where it went, as a Responses answer says it (x-router-*); the worker's own headers are not relayed.
         served = {"x-router-pool": pool.name, "x-router-arm": routing.arm, "x-router-worker": worker}
+        if done.ticket is not None:
+            served.update(done.ticket.headers())
         if body.get("stream"):
             return StreamBody(_Relayed(answer.chunks(), call, done, answer.status), status=answer.status,
                               media_type=answer.content_type, headers=served)
@@ -118,20 +133,35 @@ class PassthroughAPI:
         done(answer.status, _usage(raw) if answer.status == 200 else None)
         return Body(raw, answer.status, answer.content_type, headers=served)
 
+    async def _admit(self, owner: str, model: str, body: dict[str, Any], size: int) -> Ticket:
+        """Admitted under the key's limits, its tokens reserved: the request's bytes over four (its
+        prompt, estimated) and what the answer may use."""
+        assert self.limits is not None
+        tier = body.get("service_tier")
+        ticket = await self.limits.admit(owner, model, stream=bool(body.get("stream")),
+                                         service_tier=tier if isinstance(tier, str) else None, gone=client_gone())
+        most = body.get("max_completion_tokens", body.get("max_tokens"))
+        await ticket.reserve(size // BYTES_PER_TOKEN + self.limits.output_tokens(most if type(most) is int else None))
+        return ticket
+
 
 class _Done:
     """Records a relayed request's end into the metrics (passthrough_*) and ends its worker-call
     span, once."""
 
-    __slots__ = ("metrics", "labels", "start", "span")
+    __slots__ = ("metrics", "labels", "start", "span", "ticket")
 
     def __init__(self, metrics: RouterMetrics | None, labels: tuple[str, str, str, str]) -> None:
         self.metrics = metrics
         self.labels = labels
         self.start = time.perf_counter()
         self.span: object | None = None  # the worker call's trace span (router/telemetry.py)
+        self.ticket: Ticket | None = None  # the key's limits: settled on the usage seen
 
     def __call__(self, status: int, usage: dict[str, Any] | None = None) -> None:
+        if self.ticket is not None:
+            self.ticket.settle(usage)
+            self.ticket = None
         if self.metrics is not None:
             self.metrics.passthrough(self.labels, status, time.perf_counter() - self.start, usage)
             self.metrics = None

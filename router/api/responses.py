@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from router.api.auth import Authenticator
 from router.api.create import Creator
-from router.api.fastpath import HotRoute
+from router.api.fastpath import HotRoute, client_gone
 from router.api.http import (
     Body,
     Headers,
@@ -24,19 +24,22 @@ from router.api.http import (
 )
 from router.api.include import include_query, seal, shown_items
 from router.api.sse import StreamBody, event_stream
-from router.protocol.errors import InvalidRequest, NotFound
+from router.limits import Admission
+from router.limits.estimate import prompt_estimate
+from router.protocol.errors import InvalidRequest, NotFound, RateLimited
 from router.protocol.replay import output_of
 from router.protocol.requests import CreateResponse
 from router.protocol.shapes import response_view
 from router.turns.background import BackgroundRuns
 from router.turns.leases import Leases
+from router.turns.runner import ResponseRun
 
 
 class ResponsesAPI:
     """The routes, bound to what they need: the store, the model routes, the key check, background runs, leases."""
 
     def __init__(self, *, creator: Creator, auth: Authenticator, max_body_bytes: int, background: BackgroundRuns,
-                 leases: Leases) -> None:
+                 leases: Leases, limits: Admission | None = None) -> None:
         self.creator = creator
         self.store = creator.store
         self.sealer = creator.sealer
@@ -44,6 +47,7 @@ class ResponsesAPI:
         self.max_body_bytes = max_body_bytes
         self.background = background
         self.leases = leases
+        self.limits = limits
 
     def routes(self) -> list[Route]:
         return [
@@ -66,19 +70,54 @@ class ResponsesAPI:
         # read: the key, then the request, validated whole
         owner = self.auth.owner_of(headers)
         req = parse_model(CreateResponse, await decode_request(headers, raw, self.max_body_bytes))
+        if self.limits is not None:  # the key's limits: admitted, or 429 (router/limits/)
+            return await self._limited(req, owner)
         # prepare and route: everything that can be refused is, before a worker call or a write (as on WebSocket)
         run = await self.creator.prepared(req, owner)
         # build request, execute, assemble, persist (turns/runner.py), then respond
+        return await self._answer(req, owner, run)
+
+    async def _answer(self, req: CreateResponse, owner: str, run: ResponseRun,
+                      limited: dict[str, str] | None = None) -> Body | StreamBody:
+        """Execute and respond; ``limited``: the x-ratelimit-* headers that go with the answer."""
         if req.background:  # run detached; the client gets it queued, or its replayed events
             queued = await self.background.submit(run)
             if not req.stream:
-                return json_response(queued)
-            return event_stream(self.background.replay(queued["id"], owner, -1))
+                return json_response(queued, headers=limited)
+            return event_stream(self.background.replay(queued["id"], owner, -1), limited)
         if not req.stream:  # run to the end: stored whole, answered as the request's include shows it
             body = await run.complete()
-            return json_response(response_view(body, req.include or ()), headers=run.served_by)
+            return json_response(response_view(body, req.include or ()), headers={**run.served_by, **limited} if limited else run.served_by)
         await run.open_stream()  # a worker has taken it: the 200 can go out
-        return event_stream(self.leases.stream(run), run.served_by, attach=run.attach_writer)
+        return event_stream(self.leases.stream(run), {**run.served_by, **limited} if limited else run.served_by,
+                            attach=run.attach_writer)
+
+    async def _limited(self, req: CreateResponse, owner: str) -> Body | StreamBody:
+        """A create under its key's limits: admitted (concurrency, requests per minute) before it is
+        prepared, its tokens reserved once its prompt is known, settled as it ends (the run's
+        ``on_end``, whatever the ending); refused, it takes nothing and is not counted."""
+        assert self.limits is not None
+        ticket = await self.limits.admit(owner, req.model, stream=bool(req.stream) and not req.background,
+                                         service_tier=req.service_tier, gone=None if req.background else client_gone())
+        try:
+            run = await self.creator.prepared(req, owner)
+            await ticket.reserve(prompt_estimate(run.prompt_items) + self.limits.output_tokens(req.max_output_tokens))
+        except BaseException:
+            ticket.refuse()
+            raise
+        run.on_end = ticket.settle
+        run.queue_as(ticket.tenant)
+        try:
+            answer = await self._answer(req, owner, run, ticket.headers())
+        except RateLimited:  # a saturated pool's queue refused it: not counted
+            ticket.refuse()
+            raise
+        except BaseException:
+            ticket.settle(run.response.get("usage"))
+            raise
+        if req.background or not req.stream:  # a background run holds no slot; it settles as it ends
+            ticket.release()
+        return answer
 
     async def retrieve(self, request: Request) -> Body | StreamBody:
         owner = self.auth.owner(request)

@@ -51,7 +51,7 @@ from router import telemetry
 from router.api import access
 from router.api.coalesce import HeadHoldingTransport
 from router.api.connections import ConnectionGuard, ConnectionLimits, Phase, refusal
-from router.api.fastpath import HotRoute, answer, refused_body
+from router.api.fastpath import HotRoute, answer, refused_body, watch_client
 from router.api.http import Body, declared_length, error_body, too_large
 from router.protocol.errors import APIError, internal_error
 from router.protocol.ids import request_id
@@ -342,6 +342,7 @@ class HotCycle(RequestResponseCycle):
         scope: Any = self.scope  # uvicorn types its extensions' values as dicts; the router's id is a str
         rid = scope["extensions"]["router.request_id"]
         record = access.begin("POST", scope["path"], rid)
+        watch_client(self._gone)
         with telemetry.request_span("POST", scope["path"], scope["headers"], rid):
             try:
                 if self.too_large:
@@ -367,6 +368,9 @@ class HotCycle(RequestResponseCycle):
                 if self.disconnected and not self.response_complete:
                     record.error = record.error or "client_disconnected"
                 access.end(record)
+
+    def _gone(self) -> bool:
+        return self.disconnected
 
     def _write(self, response: Body) -> None:
         """Head and body in one write (the base class's ``send`` does two and checks each header)."""

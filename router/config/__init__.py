@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from router.config.base import FieldReference, Reference, Section
+from router.config.limits import KeyLimits, LimitsConfig
 from router.config.pools import ChatConfig, ManagedConfig, PoolConfig
 from router.config.tools import CodeInterpreterConfig, McpConfig, McpServerConfig, ToolsConfig, WebSearchConfig
 
@@ -27,6 +28,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "HarmonyConfig",
+    "KeyLimits",
+    "LimitsConfig",
     "ManagedConfig",
     "McpConfig",
     "McpServerConfig",
@@ -134,6 +137,8 @@ class ApiKey(Section):
     key_env: str | None = Field(default=None, min_length=1)
     # The names of this key's streamed reasoning events (docs/api.md "Reasoning event names"); unset: the model's.
     reasoning_events: Literal["openai", "open-responses"] | None = None
+    # Its own limits, field by field over [limits] (router/config/limits.py).
+    limits: KeyLimits = KeyLimits()
 
     @model_validator(mode="after")
     def _one_way(self) -> ApiKey:
@@ -292,6 +297,7 @@ class Config(Section):
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     sealing: SealingConfig = SealingConfig()
+    limits: LimitsConfig = LimitsConfig()
     pools: list[PoolConfig] = Field(min_length=1)
     models: list[ModelConfig] = Field(min_length=1)
 
@@ -311,6 +317,11 @@ class Config(Section):
             for key, pool in targets:
                 if pool not in pool_names:
                     raise Reference(key, f"no pool named {pool!r} (pools: {', '.join(pool_names)})")
+        limited = [("limits.models", self.limits)] + [(f"auth.keys[{i}].limits.models", k.limits) for i, k in enumerate(self.auth.keys)]
+        for key, limits in limited:
+            for name in limits.models:
+                if name not in model_names:
+                    raise Reference(f"{key}.{name}", f"no model named {name!r} (models: {', '.join(model_names)})")
         return self
 
     def pool(self, name: str) -> PoolConfig:

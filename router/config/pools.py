@@ -133,6 +133,11 @@ class PoolConfig(Section):
     # The pool honours service_tier: its engine schedules by request priority (a managed engine
     # is started so: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling).
     honor_service_tier: bool = False
+    # When the pool is saturated: every healthy worker has this many calls in flight, or its
+    # engine this many requests waiting (scraped: scrape_metrics). Requests then wait in the
+    # router's fair queue ([limits.queue]). Neither set: never saturated, no queue.
+    max_in_flight_per_worker: int | None = Field(default=None, ge=1)
+    max_engine_waiting: float | None = Field(default=None, ge=0)
     kv_events: KVEventsConfig = KVEventsConfig()
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from router.metrics.keys import KeyMeters
 from router.metrics.registry import Labels, Registry
 
 # "rejected": failed through the request's fault (the engine called it bad, it does not fit the
@@ -111,6 +112,7 @@ class RouterMetrics:
         self.requests_in_flight = r.gauge_func(_P + "requests_in_flight", "Requests being answered by the router (HTTP "
                                                "requests and WebSocket response.create), streams included.", (),
                                                lambda: [((), float(self._in_flight()))])
+        self.limits = KeyMeters(r)
         self.loop_lag = r.histogram(_P + "event_loop_lag_seconds", "How late the router's event loop ran a timer "
                                     "(sampled twice a second): what every request queues behind.", (), LAG_BUCKETS)
 

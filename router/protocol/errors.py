@@ -10,6 +10,7 @@ class APIError(Exception):
 
     status: int = 500
     type: str = "server_error"
+    headers: dict[str, str] | None = None  # sent with the answer (Retry-After, x-ratelimit-*)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  status: int | None = None, type: str | None = None) -> None:
@@ -61,6 +62,27 @@ class NoCapacity(APIError):
 
     status = 503
     type = "server_error"
+
+
+class RateLimited(APIError):
+    """A key is over one of its limits (type ``requests`` or ``tokens``, as OpenAI's 429s), or a
+    pool's queue is full (503). ``retry_after_s``: when to try again; sent as Retry-After."""
+
+    status = 429
+    type = "requests"
+
+    def __init__(self, message: str, *, retry_after_s: float, code: str = "rate_limit_exceeded", type: str = "requests",
+                 status: int = 429, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, code=code, status=status, type=type)
+        self.retry_after_s = retry_after_s
+        self.headers = {**(headers or {}), **retry_headers(retry_after_s)}
+
+
+def retry_headers(seconds: float) -> dict[str, str]:
+    """Retry-After (whole seconds, rounded up, as RFC 9110 has it) and the openai SDKs' precise
+    ``retry-after-ms``."""
+    ms = max(1, int(seconds * 1000 + 0.999))
+    return {"retry-after": str(max(1, -(-ms // 1000))), "retry-after-ms": str(ms)}
 
 
 def internal_error() -> APIError:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from backends.client import SSEStream, WorkerStreamBroken, WorkerStreamError
 from backends.errors import WorkerAnswerTooLarge, WorkerTimedOut
+from policies.tenant import Tenant
 from router import telemetry
 from router.dialects.turn import DialectTurn
 from router.protocol.errors import APIError, NoCapacity, UpstreamError
@@ -112,6 +113,8 @@ class ResponseRun:
     refused_events: list[Event] = field(default_factory=list)  # set when the run was refused before streaming
     # Writes an event batch to the client at once (True) or cannot now (False); set by the SSE answer.
     direct: Callable[[list[Event]], bool] | None = None
+    # Told the Response's usage once it has ended, whatever the ending (a key's limits settle on it).
+    on_end: Callable[[Mapping[str, Any] | None], None] | None = None
     _timer: Timer | None = None
     _compaction: dict[str, Any] | None = None  # made before the first turn, emitted first
     _stream: SSEStream | None = None
@@ -265,6 +268,10 @@ class ResponseRun:
             reason = "max_turns"
         yield await self._end("finish", reason=reason or loop.unrunnable_call(self.response["output"]))
 
+    def queue_as(self, tenant: Tenant) -> None:
+        """Whom its worker calls are for, in a saturated pool's fair queue (backends/gate.py)."""
+        self._upstream.call.tenant = tenant
+
     def attach_writer(self, write: Callable[[list[Event]], bool] | None) -> None:
         """The SSE answer's direct writer (router/api/sse.py), for as long as it sends."""
         self.direct = write
@@ -410,9 +417,12 @@ class ResponseRun:
             with telemetry.span("persist", **{"router.status": self.response["status"]}):
                 await self.store_again()
         except StoreUnavailable as exc:
-            if self._timer is not None and self.response["status"] not in ("queued", "in_progress"):
-                self._timer.error(exc.code or exc.type)
-                self._timer.finish("failed", self.response.get("usage"))
+            if self.response["status"] not in ("queued", "in_progress"):
+                if self._timer is not None:
+                    self._timer.error(exc.code or exc.type)
+                    self._timer.finish("failed", self.response.get("usage"))
+                if self.on_end is not None:
+                    self.on_end(self.response.get("usage"))
             raise
         self._count(error_code)
 
@@ -448,6 +458,8 @@ class ResponseRun:
             elif status == "failed":
                 self._timer.error(error_code or (response.get("error") or {}).get("code") or "failed")
             self._timer.finish(status, response.get("usage"))
+        if self.on_end is not None and status not in ("queued", "in_progress"):
+            self.on_end(response.get("usage"))
 
     async def checkpoint(self) -> bool:
         """A leased stream's output so far, stored ``in_progress`` (turns/record.py)."""

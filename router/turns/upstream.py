@@ -18,11 +18,11 @@ from typing import Any
 
 from backends.client import SSEStream, WorkerError, WorkerHTTPError
 from backends.engines import is_context_overflow, output_room
-from backends.errors import NoHealthyWorker, WorkerRequestFailed
+from backends.errors import NoHealthyWorker, QueueRefused, WorkerRequestFailed
 from backends.pools import Pool
 from backends.worker import Worker
 from router.dialects.turn import DialectTurn
-from router.protocol.errors import APIError, InvalidRequest, NoCapacity, UpstreamError
+from router.protocol.errors import APIError, InvalidRequest, NoCapacity, RateLimited, UpstreamError
 from router.protocol.items import Item
 from router.turns.prompt_ids import prompt_ids
 
@@ -73,6 +73,8 @@ class Upstream:
                 return await self.call.send(client.post_json, path, body), items
             except NoHealthyWorker as exc:
                 raise no_capacity(self.model, exc) from None
+            except QueueRefused as exc:
+                raise queue_refused(self.pool.name, exc) from None
             except WorkerHTTPError as exc:
                 if exc.status == 404 and getattr(turn, "fallback", None) is not None and turn.fallback():  # type: ignore[attr-defined]
                     log.warning("pool %s: no token-level generate endpoint, using %s", self.pool.name, turn.path)
@@ -132,6 +134,17 @@ def drop_oldest_turn(items: list[Item]) -> list[Item] | None:
 def no_capacity(model: str, exc: NoHealthyWorker) -> NoCapacity:
     """No worker could be tried: none healthy, or every circuit open (``exc.code`` says which)."""
     return NoCapacity(f"no worker can serve model '{model}' now: {exc}", code=exc.code)
+
+
+def queue_refused(pool: str, exc: QueueRefused) -> RateLimited:
+    """A saturated pool's queue did not take a request: 429 when the key has its share waiting,
+    503 when the pool is overloaded for everyone (queue full, or the wait bound passed)."""
+    if exc.reason == "key_full":
+        return RateLimited(f"Too many requests waiting: pool {pool!r} is saturated and {exc}.",
+                           retry_after_s=exc.retry_after_s, code="rate_limit_exceeded")
+    return RateLimited(f"The router is overloaded: pool {pool!r}: {exc}.", retry_after_s=exc.retry_after_s,
+                       code="server_overloaded" if exc.reason != "client_left" else "client_disconnected",
+                       type="server_error", status=503)
 
 
 def api_error(exc: WorkerError) -> APIError:
