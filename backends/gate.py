@@ -16,7 +16,6 @@ left, or when it is cancelled; the queue's bounds refuse with 429 (the key's sha
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,18 +26,22 @@ from policies.tenant import Tenant
 
 # How often a waiter looks whether its client has left.
 GONE_POLL_S = 1.0
+# The Retry-After of a refusal: calls end all the time in a saturated pool, so a second.
+RETRY_S = 1.0
 
 
 class Gate:
     def __init__(self, *, max_in_flight: int | None, max_waiting: float | None, max_queued: int, max_per_key: int,
-                 max_wait_s: float, half_life_s: float, on_wait: Callable[[str, float], None] | None = None) -> None:
+                 max_wait_s: float, half_life_s: float, on_wait: Callable[[str, float], None] | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> None:
         self.max_in_flight = max_in_flight
         self.max_waiting = max_waiting
         self.max_wait_s = max_wait_s
         self.queue: FairQueue[asyncio.Future[None]] = FairQueue(max_len=max(1, max_queued), max_per_key=max(1, max_per_key),
                                                                  half_life_s=half_life_s)
         self.no_queue = max_queued == 0 or max_per_key == 0  # saturated: refuse at once
-        self.on_wait = on_wait
+        self.on_wait = on_wait  # (key, seconds waited): a call that waited its turn
+        self.on_refused = on_refused  # (key, "queue_" + reason): a call the queue refused or gave up on
         self._granted = 0  # slots handed to waiters that have not taken a worker yet
         self.waited = 0  # calls that waited, in all
 
@@ -64,29 +67,43 @@ class Gate:
             self._charge(tenant, now)
             return
         if self.no_queue:
-            raise QueueRefused("every worker of the pool is at its bound, and the pool queues nothing",
-                               reason="queue_full", retry_after_s=1.0)
+            raise self._refused(key, QueueRefused("every worker of the pool is at its bound, and the pool queues nothing",
+                                                  reason="queue_full", retry_after_s=RETRY_S))
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         refused = self.queue.push(waiter, key=key, band=tenant.band if tenant is not None else 0, now=now)
         if refused is Refused.KEY_FULL:
-            raise QueueRefused(f"the pool is saturated and key {key!r} already has {self.queue.queued(key)} requests "
-                               "waiting for it, its share of the queue", reason="key_full", retry_after_s=self._retry_s())
+            raise self._refused(key, QueueRefused(
+                f"the pool is saturated and key {key!r} already has {self.queue.queued(key)} requests waiting for it, "
+                "its share of the queue", reason="key_full", retry_after_s=RETRY_S))
         if refused is Refused.QUEUE_FULL:
-            raise QueueRefused(f"the pool is saturated and its queue is full ({len(self.queue)} requests waiting)",
-                               reason="queue_full", retry_after_s=self._retry_s())
+            raise self._refused(key, QueueRefused(
+                f"the pool is saturated and its queue is full ({len(self.queue)} requests waiting)",
+                reason="queue_full", retry_after_s=RETRY_S))
         self.waited += 1
         self.wake(workers)  # room may have come while nothing woke the queue (a worker just back)
         try:
             await self._wait(waiter, tenant, now)
+        except QueueRefused as exc:
+            self._left(waiter, workers)
+            raise self._refused(key, exc) from None
         except BaseException:
-            if not self.queue.remove(waiter) and waiter.done() and not waiter.cancelled():
-                self._granted -= 1  # handed a slot it will not use: the next one gets it
-                self.wake(workers)
+            self._left(waiter, workers)
             raise
         self._granted -= 1
         if self.on_wait is not None:
             self.on_wait(key, time.monotonic() - now)
         self._charge(tenant, time.monotonic())
+
+    def _left(self, waiter: asyncio.Future[None], workers: Sequence[Worker]) -> None:
+        """A waiter gave up: out of the queue, or, handed a slot already, the slot to the next one."""
+        if not self.queue.remove(waiter) and waiter.done() and not waiter.cancelled():
+            self._granted -= 1
+            self.wake(workers)
+
+    def _refused(self, key: str, exc: QueueRefused) -> QueueRefused:
+        if self.on_refused is not None:
+            self.on_refused(key, "queue_" + exc.reason)
+        return exc
 
     async def _wait(self, waiter: asyncio.Future[None], tenant: Tenant | None, since: float) -> None:
         deadline = since + self.max_wait_s
@@ -94,13 +111,13 @@ class Gate:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise QueueRefused(f"the pool stayed saturated for {self.max_wait_s:g} s, the longest a request waits",
-                                   reason="timeout", retry_after_s=self._retry_s())
+                                   reason="timeout", retry_after_s=RETRY_S)
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), min(left, GONE_POLL_S))
                 return
             except TimeoutError:
                 if tenant is not None and tenant.gone is not None and tenant.gone():
-                    raise QueueRefused("its client left while it waited", reason="client_left", retry_after_s=1.0) from None
+                    raise QueueRefused("its client left while it waited", reason="client_left", retry_after_s=RETRY_S) from None
 
     def wake(self, workers: Sequence[Worker]) -> None:
         """Hand the room there is to the waiters next in line (a call ended, a scrape, a worker back)."""
@@ -126,6 +143,3 @@ class Gate:
         key, queue = tenant.key, self.queue
         tenant.correct = lambda amount: queue.charge(key, amount, time.monotonic())
 
-    def _retry_s(self) -> float:
-        """A guess at when to come back: the longest wait allowed, at most a minute."""
-        return float(min(60, max(1, math.ceil(self.max_wait_s / 2))))

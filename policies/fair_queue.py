@@ -10,12 +10,13 @@ Language Models" (OSDI 2024), inside priority bands:
   corrections later); a counter decays by half every ``half_life_s``, so "served" means recently
   (the decay is computed lazily from each counter's last update, never by a loop over keys);
 - **pick**: inside the first band that has entries, the key with the least service goes first,
-  FIFO inside a key, ties between keys to the key whose first entry has waited longest;
+  FIFO inside a key; ties between keys to the key with fewer entries waiting (a key sending one
+  request at a time before a flood of them), then to the key whose first entry has waited longest;
 - **the lift** (VTC's rule against banking credit): a key that has nothing queued in a band and
   pushes there has its counter lifted to at least the smallest among the keys queued in that band,
   so a key back from a long idle spell (or from waiting in a lower band) joins the others level
   instead of being served a whole burst ahead of them. A lifted key shares the counter it was
-  lifted to exactly, so the tie goes to the key that was already waiting;
+  lifted to exactly: a tie, which the key with fewer entries waiting wins;
 - **bounds**: ``max_per_key`` entries per key (``Refused.KEY_FULL``: the key's fault, a 429) and
   ``max_len`` in all (``Refused.QUEUE_FULL``: the pool's, a 503). A counter is forgotten once its
   key has nothing queued and it has not changed for ``FORGET_AFTER_HALF_LIVES`` half-lives
@@ -114,11 +115,11 @@ class FairQueue(Generic[T]):
     def pop(self, now: float) -> T | None:
         """The next item to admit, removed; None when empty.
         Lowest band first; inside a band, the key with the least service counted (``charge``, decayed); FIFO inside a key; ties
-        between keys by the earliest waiting entry."""
+        between keys to the key with fewer entries waiting, then by the earliest waiting entry."""
         if not self._entries:
             return None
         keys = self._bands[min(self._bands)]
-        key = min(keys, key=lambda k: (self.service(k, now), keys[k][0].seq))
+        key = min(keys, key=lambda k: (self.service(k, now), len(keys[k]), keys[k][0].seq))
         entry = keys[key][0]
         self._drop(entry)
         return entry.item

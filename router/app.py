@@ -314,7 +314,7 @@ def build(config: Config, base_dir: Path) -> RouterApp:
             pools[cfg.name].set_gate(Gate(max_in_flight=cfg.max_in_flight_per_worker, max_waiting=cfg.max_engine_waiting,
                                           max_queued=queue.max_queued, max_per_key=queue.max_queued_per_key,
                                           max_wait_s=queue.max_wait_s, half_life_s=queue.half_life_s,
-                                          on_wait=metrics.limits.queued))
+                                          on_wait=metrics.limits.queued, on_refused=metrics.limits.rejected))
     if isinstance(store, SQLiteStore):  # commit on the loop only while at most one worker call is out
         # (a stream's own: its first put and its checkpoints are made while its call runs)
         store.quiet = lambda: sum(w.in_flight for p in pools.values() for w in p.workers) <= 1

@@ -31,15 +31,8 @@ class RateLimits(Section):
 
 
 class KeyLimits(RateLimits):
-    """A key's limits: rates and concurrency, quotas on what it stores, its priority band."""
+    """A key's limits: rates and concurrency, its priority band."""
 
-    # Background responses queued or running at once (counted in the store, so across replicas).
-    max_background: int | None = Field(default=None, ge=0)
-    # Items one conversation may hold; an append past it is refused whole.
-    max_conversation_items: int | None = Field(default=None, ge=0)
-    # Stored responses, and conversations, the key may hold (counted in the store).
-    max_stored_responses: int | None = Field(default=None, ge=0)
-    max_conversations: int | None = Field(default=None, ge=0)
     priority: Priority | None = None
     # Per model name, for a small pool shared by many keys: applied beside the key's own.
     models: dict[str, RateLimits] = {}

@@ -27,14 +27,10 @@ class Rates:
 
 @dataclass(frozen=True, slots=True)
 class KeyPolicy:
-    """What applies to one key: its rates, per model, its quotas and its band."""
+    """What applies to one key: its rates, per model, and its band."""
 
     rates: Rates
     models: dict[str, Rates]
-    max_background: int = 0
-    max_conversation_items: int = 0
-    max_stored_responses: int = 0
-    max_conversations: int = 0
     band: int = 0
 
     @property
@@ -52,21 +48,12 @@ def _rates(*layers: RateLimits | None) -> Rates:
     return Rates(**out)
 
 
-def _first(name: str, own: KeyLimits, defaults: LimitsConfig) -> int:
-    value = getattr(own, name)
-    return int(value if value is not None else getattr(defaults, name) or 0)
-
-
 def key_policy(own: KeyLimits, defaults: LimitsConfig) -> KeyPolicy:
     models = {name: _rates(own.models.get(name), defaults.models.get(name)) for name in {*own.models, *defaults.models}}
     priority = own.priority or defaults.priority or "interactive"
     return KeyPolicy(
         rates=_rates(own, defaults),
         models={name: rates for name, rates in models.items() if rates.any},
-        max_background=_first("max_background", own, defaults),
-        max_conversation_items=_first("max_conversation_items", own, defaults),
-        max_stored_responses=_first("max_stored_responses", own, defaults),
-        max_conversations=_first("max_conversations", own, defaults),
         band=BANDS[priority],
     )
 

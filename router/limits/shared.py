@@ -4,7 +4,10 @@ Each budget is a sliding window (policies/limits.py) whose two counts live in Re
 fixed window (``{prefix}:rate:{name}:{index}``, expiring after two periods). A replica does not
 ask Redis for every request: it claims a lease, ``lease_fraction`` of the limit (at least what
 the request needs), in one atomic script that checks the window's room, and spends it locally.
-What a lease holds unspent when its window ends goes back to that window's count.
+One claim per budget is in flight at a time: the takes that come meanwhile wait for its answer
+(a lease, or a refusal that is theirs too) rather than each claiming a lease of its own, which
+would hoard the budget on this replica. What a lease holds unspent when its window ends goes
+back to that window's count; a debt (tokens settled above what was taken) is added to it.
 
 Accuracy: a lease counts as used from the moment it is claimed, so the replicas together never
 admit more than the limit (beyond the sliding window's own approximation); while leases sit
@@ -54,8 +57,12 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {grant, prev, cur}
 """
 
-# KEYS: one window's count. ARGV: how much to take off it (never below 0).
+# KEYS: one window's count. ARGV: how much to take off it (never below 0; < 0: a debt added). A
+# window already expired is left alone: a count made here would have no expiry.
 GIVE_BACK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
 local left = redis.call('DECRBY', KEYS[1], ARGV[1])
 if left < 0 then
   redis.call('SET', KEYS[1], 0, 'KEEPTTL')
@@ -72,9 +79,11 @@ class Lease:
     """What this replica holds of one budget's current window, and what the window held when last seen."""
 
     index: int
-    left: int = 0
+    left: int = 0  # < 0: a debt, claimed first
     previous: int = 0
     current: int = 0
+    # The claim in flight for it: resolves to the need it was refused (0: granted, or no answer).
+    claim: asyncio.Future[int] | None = None
 
 
 class SharedBudgets:
@@ -99,49 +108,82 @@ class SharedBudgets:
         return time.monotonic() >= self._down_until
 
     async def take(self, name: str, limit: int, cost: int) -> Taken:
-        now = time.time()
-        index, elapsed = window_of(now, self.period_s)
-        lease = self._leases.get(name)
-        if lease is not None and lease.index != index:
-            self._return(name, lease)
-            lease = None
-        if lease is not None and lease.left >= cost:
-            lease.left -= cost
-            return Taken(True, index)
-        if not self.shared:
-            return self._local.take_now(name, limit, cost)
-        if lease is None:
-            if len(self._leases) >= 100_000:
-                self._leases.clear()
-            lease = self._leases[name] = Lease(index)
-        need = cost - max(0, lease.left)  # a debt (tokens settled over) comes first
+        refused: tuple[Lease, int] | None = None  # a claim this take waited for, refused for so much
+        while True:
+            index, elapsed = window_of(time.time(), self.period_s)
+            lease = self._leases.get(name)
+            if lease is not None and lease.index != index:
+                self._return(name, lease)
+                lease = None
+            if lease is not None and lease.left >= cost:
+                lease.left -= cost
+                return Taken(True, index)
+            if not self.shared:
+                return self._local.take_now(name, limit, cost)
+            if lease is None:
+                if len(self._leases) >= 100_000:
+                    self._leases.clear()
+                lease = self._leases[name] = Lease(index)
+            if refused is not None and refused[0] is lease and cost - lease.left >= refused[1]:
+                # The window had no room for what another take needed, and this one needs as much.
+                return self._refused(lease, limit, cost, elapsed)
+            claim = lease.claim
+            if claim is None:
+                return await self._lease(name, lease, limit, cost, elapsed)
+            await asyncio.shield(claim)  # this take cancelled: the claim goes on for the others
+            refused = (lease, claim.result()) if claim.result() else None
+
+    async def _lease(self, name: str, lease: Lease, limit: int, cost: int, elapsed: float) -> Taken:
+        """The one claim in flight for ``lease``: it holds what the lease has left (a debt too) while
+        its answer comes, and the takes that come meanwhile wait for it."""
+        held, lease.left = lease.left, 0
+        need = cost - held  # a debt (tokens settled over) comes first
         want = max(need, int(limit * self.lease_fraction))
+        refused = 0
+        lease.claim = claim = asyncio.get_running_loop().create_future()
         try:
-            answer = await asyncio.wait_for(self._claim(
-                keys=[self._key(name, index), self._key(name, index - 1)],
-                args=[need, want, limit, elapsed, int(self.period_s * 2000)]), TIMEOUT_S)
-        except (TimeoutError, RedisError, OSError) as exc:
-            self._away(exc)
-            return self._local.take_now(name, limit, cost)
-        grant, previous, current = cast(list[int], answer)
-        if self._gone:
-            self._gone = False
-            log.warning("limits: the shared budget service is back; the replicas share one budget per key again")
-        lease.previous, lease.current = int(previous), int(current)
-        if not grant:
-            return Taken(False, index, wait_for(limit, lease.previous, lease.current, elapsed, cost, self.period_s))
-        lease.left += int(grant) - cost
-        return Taken(True, index)
+            try:
+                answer = await asyncio.wait_for(self._claim(
+                    keys=[self._key(name, lease.index), self._key(name, lease.index - 1)],
+                    args=[need, want, limit, elapsed, int(self.period_s * 2000)]), TIMEOUT_S)
+            except (TimeoutError, RedisError, OSError) as exc:
+                self._away(exc)
+                return self._local.take_now(name, limit, cost)
+            except asyncio.CancelledError:
+                lease.left += held
+                raise
+            grant, previous, current = (int(n) for n in cast(list[int], answer))
+            if self._gone:
+                self._gone = False
+                log.warning("the shared budget service is back; the replicas share one budget per key again")
+            lease.previous, lease.current = previous, current
+            if not grant:
+                lease.left += held
+                refused = need
+                return self._refused(lease, limit, cost, elapsed)
+            lease.left += held + grant - cost
+            return Taken(True, lease.index)
+        finally:
+            lease.claim = None
+            claim.set_result(refused)
+            if self._leases.get(name) is not lease:  # its window ended meanwhile: what it holds goes back
+                self._return(name, lease)
+
+    def _refused(self, lease: Lease, limit: int, cost: int, elapsed: float) -> Taken:
+        """A refusal, told how long until ``cost`` fits; a debt this replica holds counts as used."""
+        current = lease.current + max(0, -lease.left)
+        return Taken(False, lease.index, wait_for(limit, lease.previous, current, elapsed, cost, self.period_s))
 
     def settle(self, name: str, taken: Taken, amount: int) -> None:
-        """``amount`` < 0: given back, spent by this replica's next takes (or returned to its
-        window once that has ended); > 0: used beyond what was taken, a debt the next claim pays."""
+        """``amount`` < 0: given back, spent by this replica's next takes; > 0: used beyond what
+        was taken, a debt the next claim pays. Either goes to the window in Redis once the lease
+        it was taken from has ended."""
         if not taken.ok or not amount:
             return
         lease = self._leases.get(name)
         if lease is not None and lease.index == taken.index:
             lease.left -= amount
-        elif amount < 0 and self.shared:
+        elif self.shared:
             self._spawn(self._give(self._key(name, taken.index), -amount))
         self._local.settle(name, taken, amount)
 
@@ -163,10 +205,13 @@ class SharedBudgets:
         return f"{self.prefix}:rate:{name}:{index}"
 
     def _return(self, name: str, lease: Lease) -> None:
-        """A lease whose window has ended: what it holds unspent goes back to that window."""
-        del self._leases[name]
-        if lease.left > 0 and self.shared:
-            self._spawn(self._give(self._key(name, lease.index), lease.left))
+        """A lease whose window has ended: what it holds unspent goes back to that window (a debt
+        is added to it). A claim in flight for it returns what it brings when it ends."""
+        if self._leases.get(name) is lease:
+            del self._leases[name]
+        amount, lease.left = lease.left, 0
+        if amount and self.shared:
+            self._spawn(self._give(self._key(name, lease.index), amount))
 
     async def _give(self, key: str, amount: int) -> None:
         try:
@@ -182,7 +227,7 @@ class SharedBudgets:
     def _away(self, exc: BaseException) -> None:
         if not self._gone:
             self._gone = True
-            log.warning("limits: the shared budget service is unreachable (%s); each replica keeps its own for %g s, "
+            log.warning("the shared budget service is unreachable (%s); each replica keeps its own for %g s, "
                         "then tries again", type(exc).__name__ if not str(exc) else exc, self.retry_s)
         self._down_until = time.monotonic() + self.retry_s
         self._leases.clear()

@@ -16,8 +16,8 @@ class KeyMeters:
                                         ("key",))
         self.rejected_total = r.counter(
             _P + "key_requests_rejected_total", "Requests refused for their key, by reason: max_in_flight, max_streams, "
-            "requests_per_minute, tokens_per_minute, request_too_large, queue_key_full (429); queue_full, "
-            "queue_timeout (503); max_background, max_conversation_items (quotas).", ("key", "reason"))
+            "requests_per_minute, tokens_per_minute, request_too_large, queue_key_full (429); queue_queue_full, "
+            "queue_timeout (503); queue_client_left (left while it waited).", ("key", "reason"))
         self.queued_total = r.counter(_P + "key_requests_queued_total",
                                       "Requests that waited in a saturated pool's fair queue.", ("key",))
         self.queue_wait = r.histogram(_P + "key_queue_wait_seconds", "Time a request waited in a saturated pool's "

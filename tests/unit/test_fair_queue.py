@@ -140,7 +140,7 @@ def test_the_lift_a_key_back_from_idle_does_not_get_a_burst_ahead_of_a_backlogge
         run = run + 1 if key == "idle" else 0
         longest = max(longest, run)
     assert longest == 1 and order.count("idle") == 10
-    assert order[0] == "busy"  # the tie after the lift goes to the key that was already waiting
+    assert order[:2] == ["idle", "busy"]  # the tie after the lift goes to the key with fewer waiting (10 to 20)
 
 
 def test_a_lifted_key_stays_exactly_level_later_so_the_tie_still_goes_to_the_waiting_key() -> None:
@@ -150,8 +150,20 @@ def test_a_lifted_key_stays_exactly_level_later_so_the_tie_still_goes_to_the_wai
         q.charge("busy", 1000.0 + 7.3 * i, at)
         waiting = Req("busy0")
         assert q.push(waiting, key="busy", band=0, now=at) is None
-        fill(q, "back", 1, now=at + 13.1 + i)
+        fill(q, "back", 1, now=at + 13.1 + i)  # as many waiting as busy: the earliest entry wins the tie
         assert q.pop(at + 14.0 + 1.11 * i) is waiting
+
+
+def test_a_tie_goes_to_the_key_with_fewer_waiting() -> None:
+    """A key sending one request at a time is lifted to a flood's counter as it joins: the tie is
+    its, so it waits behind no more than the call already running."""
+    q = queue()
+    q.charge("flood", 5000.0, 0.0)
+    fill(q, "flood", 10, now=0.0)
+    light = Req("light0")
+    assert q.push(light, key="light", band=0, now=1.0) is None
+    assert q.service("light", 1.0) == q.service("flood", 1.0)
+    assert q.pop(1.0) is light
 
 
 def test_the_lift_never_lowers_a_counter_and_spares_a_key_already_queued_in_the_band() -> None:
@@ -204,7 +216,7 @@ def test_key_full_and_queue_full_and_remove_frees_the_room() -> None:
     assert q.remove(b1)
     a2 = Req("a2")
     assert q.push(a2, key="a", band=0, now=0.0) is None
-    assert drain(q) == [a1, b0, a2, c0]
+    assert drain(q) == [b0, a1, a2, c0]  # a tie at 0: b, with one waiting, before a with two
     assert not q.remove(a1)  # popped: no longer queued
 
 
@@ -348,8 +360,12 @@ def test_any_sequence_pops_each_item_once_in_band_and_fair_order(
         for other in {w[1] for w in waiting if w[2] == band} - {key}:
             theirs = q.service(other, now)
             assert mine <= theirs  # the least served key
-            if mine == theirs:  # a tie: the key with the earliest waiting entry
-                assert index < next(j for j, w in enumerate(waiting) if w[1] == other and w[2] == band)
+            if mine == theirs:  # a tie: the key with fewer entries waiting in the band, then the earliest entry
+                count = sum(1 for w in waiting if w[1] == key and w[2] == band)
+                their_count = sum(1 for w in waiting if w[1] == other and w[2] == band)
+                assert count <= their_count
+                if count == their_count:
+                    assert index < next(j for j, w in enumerate(waiting) if w[1] == other and w[2] == band)
         del waiting[index]
         popped.append(req)
 
